@@ -1,0 +1,3 @@
+from modelshrink.cli import main
+
+main()

@@ -1,0 +1,187 @@
+"""The artifact contract shared by every step.
+
+Every step reads artifact folders and writes one. A model artifact is a `save_pretrained` folder
+that plain `transformers` loads; a dataset artifact is `data.jsonl`; both carry `modelshrink.json`:
+
+    schema_version, step, kind, modelshrink_version, created, options (enough to replay the run),
+    parents (path + sha256 of their manifest, or of the file), files (sha256 of every file), metrics
+
+An artifact is written into a hidden sibling folder (`.NAME.partial`) and renamed into place only
+when complete, so an interrupted or failed run never leaves a folder that looks finished.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import shutil
+from pathlib import Path
+from typing import Any
+
+from modelshrink import __version__
+from modelshrink.errors import UserError
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "modelshrink.json"
+
+
+def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk_size):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The manifest of an artifact folder, or None when `path` is not an artifact."""
+    manifest = Path(path) / MANIFEST_NAME
+    if not manifest.is_file():
+        return None
+    try:
+        return json.loads(manifest.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{manifest} is not a readable modelshrink manifest: {e}") from None
+
+
+def parent_ref(role: str, spec: str | os.PathLike) -> dict[str, Any]:
+    """How a manifest names an input: its path and the hash that pins its content."""
+    path = Path(spec)
+    ref: dict[str, Any] = {"role": role}
+    if path.is_dir() and (path / MANIFEST_NAME).is_file():
+        ref.update(path=str(path.resolve()), manifest_sha256=sha256_file(path / MANIFEST_NAME))
+    elif path.is_file():
+        ref.update(path=str(path.resolve()), sha256=sha256_file(path))
+    elif path.is_dir():
+        ref.update(path=str(path.resolve()))
+    else:
+        ref.update(hub=str(spec))
+    return ref
+
+
+def staging_path(output: Path) -> Path:
+    return output.parent / f".{output.name}.partial"
+
+
+def check_output(output: str | os.PathLike, overwrite: bool) -> Path:
+    """Refuse an output that is a file, or a non-empty folder without `overwrite`."""
+    output = Path(output)
+    if output.exists() and not output.is_dir():
+        raise UserError(f"output {output} is a file; expected a folder path (new or empty)")
+    if output.is_dir() and any(output.iterdir()) and not overwrite:
+        raise UserError(f"output {output} already exists and is not empty; pass --overwrite to replace it")
+    if not output.parent.exists():
+        raise UserError(f"the parent folder of output {output} does not exist")
+    return output
+
+
+def _environment() -> dict[str, str]:
+    import torch
+    import transformers
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def write_manifest(
+    folder: Path,
+    *,
+    step: str,
+    kind: str,
+    options: dict[str, Any],
+    parents: list[dict[str, Any]],
+    metrics: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    files = {
+        str(p.relative_to(folder)): sha256_file(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST_NAME
+    }
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "step": step,
+        "kind": kind,
+        "modelshrink_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "options": options,
+        "parents": parents,
+        "files": files,
+        "metrics": metrics or {},
+        "environment": _environment(),
+    }
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    return manifest
+
+
+def verify_files(folder: str | os.PathLike) -> list[str]:
+    """Files whose content no longer matches the manifest (empty when intact)."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    if manifest is None:
+        raise UserError(f"{folder} is not a modelshrink artifact (no {MANIFEST_NAME})")
+    bad = []
+    for name, digest in manifest["files"].items():
+        path = folder / name
+        if not path.is_file() or sha256_file(path) != digest:
+            bad.append(name)
+    return bad
+
+
+class ArtifactWriter:
+    """Stage an artifact in `.NAME.partial` and move it to NAME once its manifest is written.
+
+    With `keep_on_failure` the staging folder survives an exception (so `--resume` can pick it
+    up); otherwise it is removed, leaving nothing behind.
+    """
+
+    def __init__(self, output: str | os.PathLike, *, overwrite: bool = False, resume: bool = False,
+                 keep_on_failure: bool = False):
+        self.output = Path(output)
+        self.staging = staging_path(self.output)
+        self.overwrite = overwrite
+        self.resume = resume
+        self.keep_on_failure = keep_on_failure
+        self.committed = False
+
+    def open(self) -> Path:
+        check_output(self.output, self.overwrite)
+        if self.staging.exists():
+            if self.resume:
+                return self.staging
+            if not self.overwrite:
+                raise UserError(
+                    f"an unfinished earlier run left {self.staging}; pass --resume to continue it "
+                    "or --overwrite to start over"
+                )
+            shutil.rmtree(self.staging)
+        self.staging.mkdir()
+        return self.staging
+
+    def commit(self, *, step: str, kind: str, options: dict[str, Any], parents: list[dict[str, Any]],
+               metrics: dict[str, Any] | None = None) -> Path:
+        write_manifest(self.staging, step=step, kind=kind, options=options, parents=parents, metrics=metrics)
+        old = None
+        if self.output.exists():
+            old = self.output.parent / f".{self.output.name}.old"
+            if old.exists():
+                shutil.rmtree(old)
+            self.output.rename(old)
+        self.staging.rename(self.output)
+        if old is not None:
+            shutil.rmtree(old)
+        self.committed = True
+        return self.output
+
+    def __enter__(self) -> "ArtifactWriter":
+        self.open()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and not self.committed and not self.keep_on_failure:
+            shutil.rmtree(self.staging, ignore_errors=True)

@@ -1,0 +1,84 @@
+"""What every command shares: one-line errors and exit codes, the stderr console, progress bars."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+import typer
+
+from modelshrink.errors import CheckFailed, UserError
+
+EXIT_USER_ERROR = 1
+EXIT_CHECK_FAILED = 3
+EXIT_INTERRUPTED = 130
+
+
+def fail(message: str, code: int = EXIT_USER_ERROR) -> typer.Exit:
+    # One line, whatever the message holds, so scripts can grep it.
+    typer.echo("Error: " + " ".join(str(message).split()), err=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def handle_errors(resume_hint: str | None = None) -> Iterator[None]:
+    """Turn library errors into exit codes: UserError -> 1, CheckFailed -> 3, Ctrl-C -> 130."""
+    try:
+        yield
+    except UserError as e:
+        raise fail(str(e)) from None
+    except CheckFailed as e:
+        if e.output:
+            typer.echo(e.output)
+        raise fail(str(e), EXIT_CHECK_FAILED) from None
+    except KeyboardInterrupt:
+        typer.echo("Interrupted." + (f" {resume_hint}" if resume_hint else ""), err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def emit(path: Path) -> None:
+    """stdout carries only the output path, so steps chain with $(...)."""
+    typer.echo(str(path))
+
+
+class DocsProgress:
+    """Rich progress bars on stderr with documents/s and ETA. `task(label)` gives a library the
+    (done, total) callback for one bar."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+            TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+            console=Console(file=sys.stderr))
+
+    def __enter__(self) -> "DocsProgress":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def task(self, label: str) -> Callable[[int, int], None]:
+        task_id = None
+
+        def update(done: int, total: int) -> None:
+            nonlocal task_id
+            if task_id is None:  # the first call brings the total (and rows done by an earlier run)
+                task_id = self.progress.add_task(label, total=total, completed=done, rate="")
+                return
+            self.progress.update(task_id, completed=done)
+            speed = self.progress.tasks[task_id].speed
+            if speed:
+                self.progress.update(task_id, rate=f"{speed:.2f} docs/s")
+
+        return update
+
+
+def log(message: str) -> None:
+    typer.echo(message, err=True)

@@ -1,0 +1,106 @@
+"""One small adapter per architecture family, reused by every command.
+
+An adapter knows where a family keeps its encoder and decoder layers and, inside each layer, its
+attention modules (encoder self, decoder self, decoder cross) with their query projections. It is
+a table of attribute paths, not a class hierarchy: adding a family is adding one row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from modelshrink.errors import UserError
+
+ATTENTION_KINDS = ("encoder_self", "decoder_self", "decoder_cross")
+
+
+@dataclass(frozen=True)
+class AttentionModule:
+    kind: str  # one of ATTENTION_KINDS
+    layer: int
+    name: str  # qualified module name inside the model
+    module: nn.Module
+    query: nn.Linear
+    # T5 adds a learned relative position bias to the attention logits; it lives in the first
+    # layer of each stack and is shared by the others (None for every other module).
+    position_bias: nn.Embedding | None = None
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    encoder_layers: str  # dotted path from the model; "{decoder}" = the decoder's base model prefix
+    decoder_layers: str
+    encoder_self: str  # dotted path from a layer to its attention module
+    decoder_self: str
+    decoder_cross: str
+    query: str  # dotted path from an attention module to its query projection
+    position_bias: str | None = None
+
+    def _resolve(self, model: nn.Module, path: str) -> nn.Module:
+        if "{decoder}" in path:
+            path = path.format(decoder=model.decoder.base_model_prefix)
+        return model.get_submodule(path)
+
+    def encoder_layers_of(self, model: nn.Module) -> nn.ModuleList:
+        return self._resolve(model, self.encoder_layers)
+
+    def decoder_layers_of(self, model: nn.Module) -> nn.ModuleList:
+        return self._resolve(model, self.decoder_layers)
+
+    def attention_modules(self, model: nn.Module) -> list[AttentionModule]:
+        found = []
+        sides = [(self.encoder_layers, [("encoder_self", self.encoder_self)]),
+                 (self.decoder_layers, [("decoder_self", self.decoder_self), ("decoder_cross", self.decoder_cross)])]
+        for layers_path, kinds in sides:
+            for index, layer in enumerate(self._resolve(model, layers_path)):
+                for kind, attn_path in kinds:
+                    attn = layer.get_submodule(attn_path)
+                    bias = None
+                    if self.position_bias and getattr(attn, "has_relative_attention_bias", False):
+                        bias = attn.get_submodule(self.position_bias)
+                    name = f"{layers_path.format(decoder='decoder')}.{index}.{attn_path}"
+                    found.append(AttentionModule(kind, index, name, attn, attn.get_submodule(self.query), bias))
+        return found
+
+
+FAMILIES = (
+    Family("bart", ("bart", "mbart", "pegasus", "marian"),
+           encoder_layers="model.encoder.layers", decoder_layers="model.decoder.layers",
+           encoder_self="self_attn", decoder_self="self_attn", decoder_cross="encoder_attn", query="q_proj"),
+    Family("t5", ("t5", "mt5"),
+           encoder_layers="encoder.block", decoder_layers="decoder.block",
+           encoder_self="layer.0.SelfAttention", decoder_self="layer.0.SelfAttention",
+           decoder_cross="layer.1.EncDecAttention", query="q", position_bias="relative_attention_bias"),
+    Family("bert2bert", ("encoder-decoder",),
+           encoder_layers="encoder.encoder.layer", decoder_layers="decoder.{decoder}.encoder.layer",
+           encoder_self="attention.self", decoder_self="attention.self",
+           decoder_cross="crossattention.self", query="query"),
+)
+# The halves an EncoderDecoderModel may have: models whose layers share BERT's module layout.
+ENCODER_DECODER_HALVES = ("bert", "roberta")
+
+
+def supported_families() -> str:
+    return "BART/mBART/Pegasus/Marian, T5/mT5, EncoderDecoderModel with BERT or RoBERTa halves (bert2bert)"
+
+
+def family_of(config) -> Family:
+    """The adapter for a model config, or a UserError naming the supported families."""
+    model_type = getattr(config, "model_type", None)
+    if model_type == "encoder-decoder":
+        halves = (config.encoder.model_type, config.decoder.model_type)
+        if any(h not in ENCODER_DECODER_HALVES for h in halves):
+            raise UserError(f"EncoderDecoderModel with {halves[0]}/{halves[1]} halves is not supported; "
+                            f"supported: {supported_families()}")
+        for half in (config.encoder, config.decoder):
+            if getattr(half, "position_embedding_type", "absolute") not in (None, "absolute"):
+                raise UserError(f"{half.model_type} with position_embedding_type="
+                                f"{half.position_embedding_type} is not supported (absolute positions only)")
+    for family in FAMILIES:
+        if model_type in family.model_types:
+            return family
+    raise UserError(f"model type '{model_type}' is not supported; supported: {supported_families()}")

@@ -1,0 +1,92 @@
+"""Generation settings resolved against a model's own generation config, and batch generation."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+
+@dataclass
+class GenerationSettings:
+    num_beams: int
+    length_penalty: float
+    min_length: int
+    max_length: int
+    no_repeat_ngram_size: int
+    early_stopping: bool | str
+    do_sample: bool = False
+    top_p: float = 1.0
+    top_k: int = 0
+    output_temperature: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_generation(generation_config: Any, *, num_beams: int | None = None, length_penalty: float | None = None,
+                       min_length: int | None = None, max_length: int | None = None,
+                       no_repeat_ngram_size: int | None = None, do_sample: bool = False, top_p: float | None = None,
+                       top_k: int | None = None, output_temperature: float | None = None) -> GenerationSettings:
+    """Options the user gave win; the rest come from the model's generation config.
+
+    Sampling (the paper's Sampling / Nucleus baselines) defaults to one beam, top_k 0 and top_p 1.0,
+    i.e. plain sampling from the full distribution, unless --top-k / --top-p / --num-beams are given.
+    """
+    gc = generation_config
+
+    def pick(value: Any, name: str, default: Any) -> Any:
+        if value is not None:
+            return value
+        found = getattr(gc, name, None)
+        return default if found is None else found
+
+    return GenerationSettings(
+        num_beams=num_beams if num_beams is not None else (1 if do_sample else pick(None, "num_beams", 1)),
+        length_penalty=float(pick(length_penalty, "length_penalty", 1.0)),
+        min_length=int(pick(min_length, "min_length", 0)),
+        max_length=int(pick(max_length, "max_length", 20)),
+        no_repeat_ngram_size=int(pick(no_repeat_ngram_size, "no_repeat_ngram_size", 0)),
+        early_stopping=pick(None, "early_stopping", False),
+        do_sample=do_sample,
+        top_p=float(top_p if top_p is not None else 1.0) if do_sample else 1.0,
+        top_k=int(top_k if top_k is not None else 0) if do_sample else 0,
+        output_temperature=output_temperature,
+    )
+
+
+class OutputTemperature(LogitsProcessor):
+    """Temperature T of the final softmax (PLATE Appendix C), for beam search as well as sampling.
+
+    Beam search hands processors log-probabilities; log_softmax(log_softmax(z) / T) equals
+    log_softmax(z / T), so renormalising here gives the tempered distribution in every mode.
+    """
+
+    def __init__(self, temperature: float):
+        if not temperature > 0:
+            raise ValueError(f"output temperature must be > 0, got {temperature}")
+        self.temperature = temperature
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        return torch.log_softmax(scores / self.temperature, dim=-1)
+
+
+def generate(model: Any, tokenizer: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+             settings: GenerationSettings) -> list[str]:
+    """Summaries for one batch, decoded without special tokens."""
+    processors = LogitsProcessorList()
+    if settings.output_temperature is not None and settings.output_temperature != 1.0:
+        processors.append(OutputTemperature(settings.output_temperature))
+    kwargs: dict[str, Any] = dict(
+        num_beams=settings.num_beams, length_penalty=settings.length_penalty, min_length=settings.min_length,
+        max_length=settings.max_length, no_repeat_ngram_size=settings.no_repeat_ngram_size,
+        early_stopping=settings.early_stopping, do_sample=settings.do_sample, num_return_sequences=1,
+    )
+    if settings.do_sample:
+        kwargs.update(top_p=settings.top_p, top_k=settings.top_k, temperature=1.0)
+    with torch.inference_mode():
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, logits_processor=processors,
+                             **kwargs)
+    return [text.strip() for text in tokenizer.batch_decode(out, skip_special_tokens=True)]

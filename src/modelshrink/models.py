@@ -1,0 +1,103 @@
+"""Loading and saving models: local `save_pretrained` folders, modelshrink artifacts, hub names.
+
+A hub name works where the local Hugging Face cache has it; offline and uncached it fails with one
+clear line. `trust_remote_code` stays off unless the user asks for it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from modelshrink.errors import UserError
+from modelshrink.families import Family, family_of
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def from_pretrained(loader: Callable[..., Any], spec: str, what: str, **kwargs: Any) -> Any:
+    """Call `loader(spec)`: a local folder as is, a hub name from the cache first, then the hub."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise UserError(f"{what} {spec} is a file; expected a model folder (save_pretrained) or a hub name")
+        try:
+            return loader(str(path), **kwargs)
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot load {what} from {spec}: {_first_line(e)}") from None
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise UserError(f"{what} {spec} does not exist")
+    try:
+        return loader(spec, local_files_only=True, **kwargs)
+    except (OSError, ValueError) as cached_error:
+        if _hub_offline():
+            raise UserError(f"{what} {spec} is not a local folder and is not in the Hugging Face cache "
+                            "(offline: HF_HUB_OFFLINE is set)") from None
+        try:
+            return loader(spec, **kwargs)
+        except Exception as e:  # network errors come in many types
+            raise UserError(f"{what} {spec} is not a local folder, not in the Hugging Face cache, and could not "
+                            f"be downloaded: {_first_line(e)} (cache: {_first_line(cached_error)})") from None
+
+
+def load_config(spec: str, what: str = "model", trust_remote_code: bool = False) -> Any:
+    from transformers import AutoConfig
+
+    return from_pretrained(AutoConfig.from_pretrained, spec, what, trust_remote_code=trust_remote_code)
+
+
+def load_tokenizer(spec: str, what: str = "model", trust_remote_code: bool = False) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return from_pretrained(AutoTokenizer.from_pretrained, spec, f"tokenizer of {what}",
+                               trust_remote_code=trust_remote_code)
+    except (TypeError, KeyError) as e:
+        raise UserError(f"{what} {spec} has no usable tokenizer: {_first_line(e)}") from None
+
+
+def describe(config: Any) -> str:
+    architectures = ", ".join(getattr(config, "architectures", None) or []) or "no architectures listed"
+    return f"a {config.model_type} model ({architectures})"
+
+
+def load_seq2seq(spec: str, what: str = "teacher", trust_remote_code: bool = False,
+                 device: str = "cpu") -> tuple[Any, Any, Family]:
+    """Load an encoder-decoder model, its tokenizer and its family adapter, in eval mode."""
+    from transformers import AutoModelForSeq2SeqLM, EncoderDecoderModel
+
+    config = load_config(spec, what, trust_remote_code)
+    if not getattr(config, "is_encoder_decoder", False):
+        raise UserError(f"{what} {spec} is not an encoder-decoder (seq2seq) model: it is {describe(config)}")
+    family = family_of(config)
+    loader = EncoderDecoderModel if config.model_type == "encoder-decoder" else AutoModelForSeq2SeqLM
+    model = from_pretrained(loader.from_pretrained, spec, what, trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(spec, what, trust_remote_code)
+    model.to(device).eval()
+    return model, tokenizer, family
+
+
+def save_model(model: Any, tokenizer: Any, folder: str | os.PathLike) -> None:
+    """Write a model in `save_pretrained` form (safetensors, generation config, tokenizer)."""
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {device} was asked for but no CUDA device is available")
+    return device

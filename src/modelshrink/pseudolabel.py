@@ -1,0 +1,282 @@
+"""Teacher pseudo-labeling with attention temperature (PLATE, sections 3.2-3.3).
+
+The teacher writes one summary per document by beam search (or sampling, for the baselines). The
+run streams its input: documents are read in windows, each window sorted by length into batches,
+and every finished batch is appended to a work file at once, so `resume` continues an interrupted
+run from its last complete batch. The final `data.jsonl` is assembled in input order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
+from modelshrink.data import Example, examples, open_data, pick_columns
+from modelshrink.errors import UserError
+from modelshrink.generation import GenerationSettings, generate, resolve_generation
+from modelshrink.models import load_seq2seq, resolve_device
+from modelshrink.plate import attention_temperature, lambdas_by_kind
+
+WORK_FILE = "rows.partial.jsonl"
+RUN_FILE = "run.partial.json"
+WINDOW_BATCHES = 32  # a window of this many batches is sorted by length at a time
+
+
+@dataclass
+class PseudolabelOptions:
+    """Every option of `modelshrink pseudolabel`; names match the command line (dashes → underscores)."""
+
+    teacher: str
+    data: str
+    split: str | None = None
+    text_column: str | None = None
+    summary_column: str | None = None
+    id_column: str | None = None
+    limit: int | None = None
+    lam: float | None = None
+    lambda_enc: float | None = None
+    lambda_dec: float | None = None
+    lambda_cross: float | None = None
+    lambda_range: tuple[float, float] | None = None
+    num_beams: int | None = None
+    length_penalty: float | None = None
+    min_length: int | None = None
+    max_length: int | None = None
+    no_repeat_ngram_size: int | None = None
+    max_source_length: int | None = None
+    batch_size: int = 16
+    seed: int = 0
+    output_temperature: float | None = None
+    do_sample: bool = False
+    top_p: float | None = None
+    top_k: int | None = None
+    device: str = "auto"
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("lam", "lambda_enc", "lambda_dec", "lambda_cross"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                flag = "--lambda" if name == "lam" else "--" + name.replace("_", "-")
+                raise UserError(f"{flag} must be > 0 (λ scales the attention temperature), got {value}")
+        if self.lambda_range is not None:
+            a, b = self.lambda_range
+            if not (a > 0 and b > 0):
+                raise UserError(f"--lambda-range bounds must be > 0, got {a} {b}")
+            if a > b:
+                raise UserError(f"--lambda-range A B needs A <= B, got {a} > {b}")
+            if self.lam is not None:
+                raise UserError("--lambda and --lambda-range exclude each other; give one")
+        positive = {"limit": self.limit, "batch_size": self.batch_size, "num_beams": self.num_beams,
+                    "max_length": self.max_length, "max_source_length": self.max_source_length}
+        for name, value in positive.items():
+            if value is not None and value < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        for name in ("min_length", "no_repeat_ngram_size", "top_k"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+        if self.output_temperature is not None and not self.output_temperature > 0:
+            raise UserError(f"--output-temperature must be > 0, got {self.output_temperature}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise UserError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if (self.top_p is not None or self.top_k is not None) and not self.do_sample:
+            raise UserError("--top-p / --top-k apply to sampling; add --do-sample")
+        if self.min_length is not None and self.max_length is not None and self.min_length > self.max_length:
+            raise UserError(f"--min-length {self.min_length} is above --max-length {self.max_length}")
+
+    def recorded(self) -> dict[str, Any]:
+        """The options as the manifest records them (keys as on the command line)."""
+        d = asdict(self)
+        d["lambda"] = d.pop("lam")
+        if d["lambda_range"] is not None:
+            d["lambda_range"] = list(d["lambda_range"])
+        return d
+
+
+def row_lambda(seed: int, index: int, low: float, high: float) -> float:
+    """λ ~ U[low, high] for document `index`: a function of (seed, index) alone, so the draw does
+    not depend on batching, window order or where a resumed run restarts."""
+    return float(np.random.default_rng([seed, index]).uniform(low, high))
+
+
+@dataclass
+class _Batch:
+    number: int
+    rows: list[Example] = field(default_factory=list)
+    token_ids: list[list[int]] = field(default_factory=list)
+
+
+def _plan(stream: Iterator[Example], tokenizer: Any, batch_size: int, max_source_length: int) -> Iterator[_Batch]:
+    """Windows of WINDOW_BATCHES batches, each sorted longest first; numbering is deterministic."""
+    number = 0
+    window: list[Example] = []
+
+    def flush(window: list[Example]) -> Iterator[_Batch]:
+        nonlocal number
+        ids = tokenizer([e.document for e in window], truncation=True, max_length=max_source_length)["input_ids"]
+        order = sorted(range(len(window)), key=lambda i: -len(ids[i]))
+        for start in range(0, len(order), batch_size):
+            chosen = order[start:start + batch_size]
+            yield _Batch(number, [window[i] for i in chosen], [ids[i] for i in chosen])
+            number += 1
+
+    for example in stream:
+        window.append(example)
+        if len(window) == batch_size * WINDOW_BATCHES:
+            yield from flush(window)
+            window = []
+    if window:
+        yield from flush(window)
+
+
+def _default_source_length(tokenizer: Any, config: Any) -> int:
+    limit = getattr(tokenizer, "model_max_length", None)
+    if limit and limit < 100_000:
+        return int(limit)
+    for holder in (config, getattr(config, "encoder", None)):
+        positions = getattr(holder, "max_position_embeddings", None)
+        if positions:
+            return int(positions)
+    return 1024
+
+
+def _read_done(work_file: Path) -> dict[int, int]:
+    """Rows already written by an interrupted run: index -> byte offset of its line in the work
+    file. A torn last line (the process died mid-write) is cut off."""
+    done: dict[int, int] = {}
+    if not work_file.exists():
+        return done
+    good_bytes = 0
+    with open(work_file, "rb") as f:
+        for raw in f:
+            try:
+                row = json.loads(raw)
+            except json.JSONDecodeError:
+                break
+            done[row["_index"]] = good_bytes
+            good_bytes += len(raw)
+    with open(work_file, "r+b") as f:
+        f.truncate(good_bytes)
+    return done
+
+
+ProgressFn = Callable[[int, int], None]  # (documents done, documents in total)
+
+
+def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,
+                progress: ProgressFn | None = None, log: Callable[[str], None] | None = None) -> Path:
+    """Run the teacher over the data and write a dataset artifact; returns its path."""
+    log = log or (lambda message: None)
+    output = Path(output)
+    if resume and read_manifest(output) is not None and (output / "data.jsonl").is_file() and not overwrite:
+        log(f"{output} is already complete; nothing to resume")
+        return output
+
+    # Everything that can be wrong with the input is checked before anything is written.
+    source = open_data(options.data, options.split)
+    text_column, summary_column = pick_columns(source.columns, options.text_column, options.summary_column,
+                                               source=str(options.data))
+    if options.id_column is not None and options.id_column not in source.columns:
+        raise UserError(f"{options.data} has no column '{options.id_column}'; columns found: "
+                        f"{', '.join(source.columns)}")
+    # One pass over the data counts it and checks every line and text before the teacher loads.
+    total = sum(1 for _ in examples(source, text_column, summary_column, options.id_column, options.limit))
+    if total == 0:
+        raise UserError(f"data {options.data} has no rows")
+
+    device = resolve_device(options.device)
+    model, tokenizer, family = load_seq2seq(options.teacher, "teacher", options.trust_remote_code, device)
+    settings = resolve_generation(
+        model.generation_config, num_beams=options.num_beams, length_penalty=options.length_penalty,
+        min_length=options.min_length, max_length=options.max_length,
+        no_repeat_ngram_size=options.no_repeat_ngram_size, do_sample=options.do_sample, top_p=options.top_p,
+        top_k=options.top_k, output_temperature=options.output_temperature)
+    max_source_length = options.max_source_length or _default_source_length(tokenizer, model.config)
+    per_row = options.lambda_range is not None
+    lambdas = lambdas_by_kind(options.lam, options.lambda_enc, options.lambda_dec, options.lambda_cross, per_row)
+    mixed_kinds = len(set(lambdas.values())) > 1
+    recorded = options.recorded()
+    recorded["resolved"] = {"generation": settings.as_dict(), "max_source_length": max_source_length,
+                            "lambda_by_kind": lambdas, "text_column": text_column,
+                            "summary_column": summary_column, "family": family.name, "device": device}
+
+    writer = ArtifactWriter(output, overwrite=overwrite, resume=resume, keep_on_failure=True)
+    staging = writer.open()
+    run_file, work_file = staging / RUN_FILE, staging / WORK_FILE
+    if run_file.exists():
+        before = json.loads(run_file.read_text())
+        changed = sorted(k for k in set(before) | set(recorded)
+                         if k not in ("device", "resolved") and before.get(k) != recorded.get(k))
+        if changed:
+            raise UserError(f"the unfinished run in {staging} used other options ({', '.join(changed)}); "
+                            "repeat it with the same options, or pass --overwrite to start over")
+    else:
+        run_file.write_text(json.dumps(recorded, indent=2))
+    done = _read_done(work_file)
+    if progress:
+        progress(len(done), total)
+
+    stream = examples(source, text_column, summary_column, options.id_column, options.limit)
+    started, generated = time.perf_counter(), 0
+    modules = family.attention_modules(model)
+    with attention_temperature(modules, lambdas) as rows, open(work_file, "ab") as out:
+        for batch in _plan(stream, tokenizer, options.batch_size, max_source_length):
+            todo = [e for e in batch.rows if e.index not in done]
+            if not todo:
+                continue
+            row_lambdas = [row_lambda(options.seed, e.index, *options.lambda_range) if per_row else
+                           (1.0 if options.lam is None else options.lam) for e in batch.rows]
+            if rows is not None:
+                rows.set(row_lambdas)
+            padded = tokenizer.pad({"input_ids": batch.token_ids}, return_tensors="pt")
+            torch.manual_seed(options.seed * 1_000_003 + batch.number)  # sampling: same draw after resume
+            summaries = generate(model, tokenizer, padded["input_ids"].to(device),
+                                 padded["attention_mask"].to(device), settings)
+            for example, summary, lam in zip(batch.rows, summaries, row_lambdas):
+                if example.index in done:
+                    continue
+                row: dict[str, Any] = {"_index": example.index, "id": example.id, "document": example.document,
+                                       "summary": summary}
+                if example.reference is not None:
+                    row["reference"] = example.reference
+                row["lambda"] = lam
+                if mixed_kinds:
+                    row["lambda_by_kind"] = {k: (lam if v is None else v) for k, v in lambdas.items()}
+                done[example.index] = out.tell()
+                out.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
+            out.flush()
+            generated += len(todo)
+            if progress:
+                progress(len(done), total)
+
+    seconds = time.perf_counter() - started
+    words, empty = 0, 0
+    with open(staging / "data.jsonl", "w", encoding="utf-8") as out, open(work_file, "rb") as work:
+        for index in range(total):
+            work.seek(done[index])
+            row = json.loads(work.readline())
+            del row["_index"]
+            words += len(row["summary"].split())
+            empty += not row["summary"]
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    work_file.unlink()
+    run_file.unlink()
+    metrics = {
+        "documents": total,
+        "generated_this_run": generated,
+        "seconds_this_run": round(seconds, 3),
+        "docs_per_second": round(generated / seconds, 3) if generated and seconds > 0 else None,
+        "summary_words_mean": round(words / total, 3),
+        "empty_summaries": empty,
+    }
+    parents = [parent_ref("teacher", options.teacher), parent_ref("data", options.data)]
+    return writer.commit(step="pseudolabel", kind="dataset", options=recorded, parents=parents, metrics=metrics)
