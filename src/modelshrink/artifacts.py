@@ -3,8 +3,10 @@
 Every step reads artifact folders and writes one. A model artifact is a `save_pretrained` folder
 that plain `transformers` loads; a dataset artifact is `data.jsonl`; both carry `modelshrink.json`:
 
-    schema_version, step, kind, modelshrink_version, created, options (enough to replay the run),
-    parents (path + sha256 of their manifest, or of the file), files (sha256 of every file), metrics
+    schema_version, step, kind, modelshrink_version, created, options (the command's options, valid
+    as a `--config` recipe section, enough to replay the run), resolved (what the options resolved
+    to: defaults taken from the model, detected columns), parents (path + sha256 of their manifest,
+    or of the file), files (sha256 of every file), metrics, environment (library versions)
 
 An artifact is written into a hidden sibling folder (`.NAME.partial`) and renamed into place only
 when complete, so an interrupted or failed run never leaves a folder that looks finished.
@@ -97,6 +99,7 @@ def write_manifest(
     options: dict[str, Any],
     parents: list[dict[str, Any]],
     metrics: dict[str, Any] | None = None,
+    resolved: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     files = {
         str(p.relative_to(folder)): sha256_file(p)
@@ -110,6 +113,7 @@ def write_manifest(
         "modelshrink_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "options": options,
+        "resolved": resolved or {},
         "parents": parents,
         "files": files,
         "metrics": metrics or {},
@@ -149,23 +153,26 @@ class ArtifactWriter:
         self.keep_on_failure = keep_on_failure
         self.committed = False
 
-    def open(self) -> Path:
+    def check(self) -> None:
+        """Everything `open` would refuse, without touching the disk: call it before slow work."""
         check_output(self.output, self.overwrite)
+        if self.staging.exists() and not (self.resume or self.overwrite):
+            raise UserError(f"an unfinished earlier run left {self.staging}; pass --resume to continue it "
+                            "or --overwrite to start over")
+
+    def open(self) -> Path:
+        self.check()
         if self.staging.exists():
             if self.resume:
                 return self.staging
-            if not self.overwrite:
-                raise UserError(
-                    f"an unfinished earlier run left {self.staging}; pass --resume to continue it "
-                    "or --overwrite to start over"
-                )
             shutil.rmtree(self.staging)
         self.staging.mkdir()
         return self.staging
 
     def commit(self, *, step: str, kind: str, options: dict[str, Any], parents: list[dict[str, Any]],
-               metrics: dict[str, Any] | None = None) -> Path:
-        write_manifest(self.staging, step=step, kind=kind, options=options, parents=parents, metrics=metrics)
+               metrics: dict[str, Any] | None = None, resolved: dict[str, Any] | None = None) -> Path:
+        write_manifest(self.staging, step=step, kind=kind, options=options, parents=parents, metrics=metrics,
+                       resolved=resolved)
         old = None
         if self.output.exists():
             old = self.output.parent / f".{self.output.name}.old"

@@ -32,7 +32,9 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-def _load_config(path: Path) -> dict:
+def _load_config(path: Path, group) -> dict:
+    """A TOML recipe as Click's default_map: one table per command, keyed by option names as on the
+    command line (`lambda`, `num-beams` or `num_beams`). The command line wins over the recipe."""
     import tomllib
 
     from modelshrink.commands._common import fail
@@ -41,9 +43,25 @@ def _load_config(path: Path) -> dict:
         table = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise fail(f"cannot read config {path}: {e}") from None
-    # Keys are the command-line option names with dashes or underscores; the command line wins.
-    return {command: {key.replace("-", "_"): value for key, value in section.items()}
-            for command, section in table.items() if isinstance(section, dict)}
+    default_map = {}
+    for command_name, section in table.items():
+        command = group.commands.get(command_name)
+        if command is None or not isinstance(section, dict):
+            raise fail(f"config {path}: [{command_name}] is not a modelshrink command; "
+                       f"expected one of {', '.join(sorted(group.commands))}")
+        names = {}
+        for param in command.params:
+            names[param.name] = param.name
+            for opt in getattr(param, "opts", []):
+                names[opt.lstrip("-").replace("-", "_")] = param.name
+        values = {}
+        for key, value in section.items():
+            name = names.get(key.replace("-", "_"))
+            if name is None:
+                raise fail(f"config {path}: [{command_name}] has no option '{key}'")
+            values[name] = value
+        default_map[command_name] = values
+    return default_map
 
 
 @app.callback()
@@ -58,7 +76,7 @@ def root(
                                                     help="Print the version and exit.")] = None,
 ) -> None:
     if config is not None:
-        ctx.default_map = _load_config(config)
+        ctx.default_map = _load_config(config, ctx.command)
     if not verbose:
         import os
         import warnings

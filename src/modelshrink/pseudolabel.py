@@ -182,7 +182,11 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
         return output
 
     # Everything that can be wrong with the input is checked before anything is written.
+    writer = ArtifactWriter(output, overwrite=overwrite, resume=resume, keep_on_failure=True)
+    writer.check()
     source = open_data(options.data, options.split)
+    if not source.columns:
+        raise UserError(f"data {options.data} has no rows")
     text_column, summary_column = pick_columns(source.columns, options.text_column, options.summary_column,
                                                source=str(options.data))
     if options.id_column is not None and options.id_column not in source.columns:
@@ -205,22 +209,21 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     lambdas = lambdas_by_kind(options.lam, options.lambda_enc, options.lambda_dec, options.lambda_cross, per_row)
     mixed_kinds = len(set(lambdas.values())) > 1
     recorded = options.recorded()
-    recorded["resolved"] = {"generation": settings.as_dict(), "max_source_length": max_source_length,
+    resolved = {"generation": settings.as_dict(), "max_source_length": max_source_length,
                             "lambda_by_kind": lambdas, "text_column": text_column,
                             "summary_column": summary_column, "family": family.name, "device": device}
 
-    writer = ArtifactWriter(output, overwrite=overwrite, resume=resume, keep_on_failure=True)
     staging = writer.open()
     run_file, work_file = staging / RUN_FILE, staging / WORK_FILE
     if run_file.exists():
         before = json.loads(run_file.read_text())
         changed = sorted(k for k in set(before) | set(recorded)
-                         if k not in ("device", "resolved") and before.get(k) != recorded.get(k))
+                         if k != "device" and before.get(k) != recorded.get(k))
         if changed:
             raise UserError(f"the unfinished run in {staging} used other options ({', '.join(changed)}); "
                             "repeat it with the same options, or pass --overwrite to start over")
     else:
-        run_file.write_text(json.dumps(recorded, indent=2))
+        run_file.write_text(json.dumps(recorded, indent=2))  # what --resume must match
     done = _read_done(work_file)
     if progress:
         progress(len(done), total)
@@ -279,4 +282,5 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
         "empty_summaries": empty,
     }
     parents = [parent_ref("teacher", options.teacher), parent_ref("data", options.data)]
-    return writer.commit(step="pseudolabel", kind="dataset", options=recorded, parents=parents, metrics=metrics)
+    return writer.commit(step="pseudolabel", kind="dataset", options=recorded, parents=parents, metrics=metrics,
+                         resolved=resolved)

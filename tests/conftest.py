@@ -1,0 +1,159 @@
+"""Tiny models of every family, built from configs, with tokenizers trained here: fast and offline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+DOCUMENTS = [
+    "the quick brown fox jumps over the lazy dog near the river bank",
+    "a small library for parsing json files in python with streaming support",
+    "this package provides the command line tools for managing virtual machines",
+    "documentation for the networking library including examples and api reference",
+    "fast image viewer with support for many formats and a simple keyboard interface",
+    "the server stores data in memory and writes snapshots to disk at regular intervals",
+    "plugin that adds spell checking to the text editor using several dictionaries",
+    "development files for the compression library headers and static archives",
+    "a game where players build cities trade goods and defend against invaders",
+    "utilities to convert audio files between formats while keeping metadata",
+    "the daemon watches folders and runs commands when files change",
+    "fonts designed for programming with clear shapes for similar characters",
+]
+SUMMARIES = [
+    "fox jumps over dog", "json parsing library", "virtual machine tools", "networking library docs",
+    "fast image viewer", "in memory data server", "spell checking plugin", "compression library headers",
+    "city building game", "audio file converter", "folder watching daemon", "programming fonts",
+]
+
+
+def _word_tokenizer(specials: list[str], template: str, **special_map):
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token=special_map["unk_token"]))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(DOCUMENTS + SUMMARIES, trainers.WordLevelTrainer(special_tokens=specials))
+    tok.post_processor = processors.TemplateProcessing(
+        single=template, special_tokens=[(s, tok.token_to_id(s)) for s in specials if s in template])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=64, **special_map)
+    return fast
+
+
+def bart_tokenizer():
+    return _word_tokenizer(["<s>", "<pad>", "</s>", "<unk>", "<mask>"], "<s> $A </s>", bos_token="<s>",
+                           pad_token="<pad>", eos_token="</s>", unk_token="<unk>", mask_token="<mask>")
+
+
+def t5_tokenizer():
+    return _word_tokenizer(["<pad>", "</s>", "<unk>"], "$A </s>", pad_token="<pad>", eos_token="</s>",
+                           unk_token="<unk>")
+
+
+def bert_tokenizer():
+    return _word_tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], "[CLS] $A [SEP]", pad_token="[PAD]",
+                           unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+
+
+def build(family: str, attn_implementation: str = "sdpa", seed: int = 0):
+    """(model, tokenizer) of a tiny random model. Weights are initialised wider than usual so that
+    attention is peaked and a temperature change moves the outputs visibly."""
+    from transformers import (BartConfig, BartForConditionalGeneration, BertConfig, EncoderDecoderConfig,
+                              EncoderDecoderModel, T5Config, T5ForConditionalGeneration)
+
+    torch.manual_seed(seed)
+    if family == "bart":
+        tok = bart_tokenizer()
+        config = BartConfig(vocab_size=len(tok), d_model=32, encoder_layers=2, decoder_layers=2,
+                            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                            decoder_ffn_dim=64, max_position_embeddings=80, init_std=0.3,
+                            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                            pad_token_id=tok.pad_token_id, decoder_start_token_id=tok.eos_token_id,
+                            forced_eos_token_id=None, attn_implementation=attn_implementation)
+        model = BartForConditionalGeneration(config)
+    elif family == "t5":
+        tok = t5_tokenizer()
+        config = T5Config(vocab_size=len(tok), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                          initializer_factor=3.0, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                          decoder_start_token_id=tok.pad_token_id, attn_implementation=attn_implementation)
+        model = T5ForConditionalGeneration(config)
+    elif family == "bert2bert":
+        tok = bert_tokenizer()
+        common = dict(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=64, max_position_embeddings=80, initializer_range=0.3)
+        config = EncoderDecoderConfig.from_encoder_decoder_configs(
+            BertConfig(**common), BertConfig(**common, is_decoder=True, add_cross_attention=True))
+        config.decoder_start_token_id = tok.cls_token_id
+        config.eos_token_id = tok.sep_token_id
+        config.pad_token_id = tok.pad_token_id
+        model = EncoderDecoderModel(config)
+        model.config._attn_implementation = attn_implementation
+        model.encoder.config._attn_implementation = attn_implementation
+        model.decoder.config._attn_implementation = attn_implementation
+    else:
+        raise ValueError(family)
+    with torch.no_grad():  # non-zero biases, so that scaling a query bias is visible too
+        for name, param in model.named_parameters():
+            if name.endswith(".bias") and "norm" not in name.lower():
+                param.normal_(0.0, 0.2)
+    gc = model.generation_config
+    gc.decoder_start_token_id = model.config.decoder_start_token_id
+    gc.eos_token_id = tok.eos_token_id if family != "bert2bert" else tok.sep_token_id
+    gc.pad_token_id = tok.pad_token_id
+    gc.bos_token_id = None if family != "bert2bert" else tok.cls_token_id
+    gc.num_beams, gc.max_length, gc.min_length, gc.no_repeat_ngram_size = 2, 10, 0, 0
+    gc.forced_eos_token_id = None
+    model.eval()
+    return model, tok
+
+
+FAMILIES = ["bart", "t5", "bert2bert"]
+
+
+@pytest.fixture(scope="session")
+def saved_models(tmp_path_factory) -> dict[str, Path]:
+    """Each family's tiny model saved with save_pretrained (what a user points modelshrink at)."""
+    root = tmp_path_factory.mktemp("models")
+    paths = {}
+    for family in FAMILIES:
+        model, tok = build(family)
+        path = root / family
+        model.save_pretrained(path)
+        tok.save_pretrained(path)
+        paths[family] = path
+    return paths
+
+
+@pytest.fixture(scope="session")
+def classifier_path(tmp_path_factory) -> Path:
+    """A tiny BERT sequence classifier: not an encoder-decoder."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    tok = bert_tokenizer()
+    model = BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
+                                                     num_attention_heads=2, intermediate_size=32))
+    path = tmp_path_factory.mktemp("classifier") / "bert-classifier"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+@pytest.fixture
+def docs_jsonl(tmp_path) -> Path:
+    rows = [{"id": f"doc-{i}", "document": d, "summary": s} for i, (d, s) in enumerate(zip(DOCUMENTS, SUMMARIES))]
+    return write_jsonl(tmp_path / "docs.jsonl", rows)
+
+
+def read_rows(artifact: Path) -> list[dict]:
+    return [json.loads(line) for line in (artifact / "data.jsonl").read_text().splitlines()]
