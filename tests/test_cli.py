@@ -186,3 +186,13 @@ def test_interrupted_cli_run_resumes(saved_models, docs_jsonl, tmp_path, monkeyp
     second = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", out, "--batch-size", "4", "--resume")
     assert second.exit_code == 0, second.stderr
     assert len(read_rows(out)) == 12 and calls["n"] == 1 + 1 + 2  # batch 1, the interrupt, batches 2 and 3
+
+
+def test_uncached_hub_dataset_offline_is_a_clear_error(saved_models, tmp_path):
+    result = _run_cli(["pseudolabel", saved_models["bart"], "someone/not-a-cached-dataset", "-o", tmp_path / "o"],
+                      {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: data someone/not-a-cached-dataset is not a local path, and loading it as a hub "
+                           "dataset failed"), last
+    assert not (tmp_path / "o").exists()

@@ -125,8 +125,11 @@ def test_resume_refuses_other_options_and_unfinished_run_needs_a_choice(saved_mo
     teacher, out = saved_models["bart"], tmp_path / "pl"
     with pytest.raises(KeyboardInterrupt):
         pseudolabel(_options(teacher, docs_jsonl, lam=2.0), out, progress=_interrupt_after(1))
-    with pytest.raises(UserError, match="other options .*lambda"):
+    with pytest.raises(UserError, match="other options or inputs .*lambda"):
         pseudolabel(_options(teacher, docs_jsonl, lam=1.5), out, resume=True)
+    docs_jsonl.write_text(docs_jsonl.read_text().replace("quick brown fox", "slow brown fox"))
+    with pytest.raises(UserError, match="data content"):
+        pseudolabel(_options(teacher, docs_jsonl, lam=2.0), out, resume=True)
     with pytest.raises(UserError, match="--resume"):
         pseudolabel(_options(teacher, docs_jsonl, lam=2.0), out)
     fresh = pseudolabel(_options(teacher, docs_jsonl, lam=1.5), out, overwrite=True)

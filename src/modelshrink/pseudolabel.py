@@ -210,20 +210,24 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     mixed_kinds = len(set(lambdas.values())) > 1
     recorded = options.recorded()
     resolved = {"generation": settings.as_dict(), "max_source_length": max_source_length,
-                            "lambda_by_kind": lambdas, "text_column": text_column,
-                            "summary_column": summary_column, "family": family.name, "device": device}
+                "lambda_by_kind": lambdas, "text_column": text_column, "summary_column": summary_column,
+                "family": family.name, "device": device}
+    parents = [parent_ref("teacher", options.teacher), parent_ref("data", options.data)]
 
     staging = writer.open()
     run_file, work_file = staging / RUN_FILE, staging / WORK_FILE
+    # What --resume must match: the options (the device may change) and the inputs' content.
+    run = {"options": {k: v for k, v in recorded.items() if k != "device"}, "parents": parents}
     if run_file.exists():
         before = json.loads(run_file.read_text())
-        changed = sorted(k for k in set(before) | set(recorded)
-                         if k != "device" and before.get(k) != recorded.get(k))
+        changed = sorted(k for k in set(before["options"]) | set(run["options"])
+                         if before["options"].get(k) != run["options"].get(k))
+        changed += [p["role"] + " content" for p, q in zip(run["parents"], before["parents"]) if p != q]
         if changed:
-            raise UserError(f"the unfinished run in {staging} used other options ({', '.join(changed)}); "
-                            "repeat it with the same options, or pass --overwrite to start over")
+            raise UserError(f"the unfinished run in {staging} used other options or inputs ({', '.join(changed)}); "
+                            "repeat it with the same ones, or pass --overwrite to start over")
     else:
-        run_file.write_text(json.dumps(recorded, indent=2))  # what --resume must match
+        run_file.write_text(json.dumps(run, indent=2))
     done = _read_done(work_file)
     if progress:
         progress(len(done), total)
@@ -273,6 +277,8 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
     work_file.unlink()
     run_file.unlink()
+    if empty:
+        log(f"warning: the teacher wrote {empty} empty summaries (of {total})")
     metrics = {
         "documents": total,
         "generated_this_run": generated,
@@ -281,6 +287,5 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
         "summary_words_mean": round(words / total, 3),
         "empty_summaries": empty,
     }
-    parents = [parent_ref("teacher", options.teacher), parent_ref("data", options.data)]
     return writer.commit(step="pseudolabel", kind="dataset", options=recorded, parents=parents, metrics=metrics,
                          resolved=resolved)
