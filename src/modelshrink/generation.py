@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
+
+from modelshrink.data import Example
+
+WINDOW_BATCHES = 32  # a window of this many batches is sorted by length at a time
 
 
 @dataclass
@@ -73,9 +77,9 @@ class OutputTemperature(LogitsProcessor):
         return torch.log_softmax(scores / self.temperature, dim=-1)
 
 
-def generate(model: Any, tokenizer: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-             settings: GenerationSettings) -> list[str]:
-    """Summaries for one batch, decoded without special tokens."""
+def generate_ids(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 settings: GenerationSettings) -> torch.Tensor:
+    """Generated token ids for one batch ([batch, length], starting with the decoder start token)."""
     processors = LogitsProcessorList()
     if settings.output_temperature is not None and settings.output_temperature != 1.0:
         processors.append(OutputTemperature(settings.output_temperature))
@@ -87,6 +91,46 @@ def generate(model: Any, tokenizer: Any, input_ids: torch.Tensor, attention_mask
     if settings.do_sample:
         kwargs.update(top_p=settings.top_p, top_k=settings.top_k, temperature=1.0)
     with torch.inference_mode():
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, logits_processor=processors,
-                             **kwargs)
-    return [text.strip() for text in tokenizer.batch_decode(out, skip_special_tokens=True)]
+        return model.generate(input_ids=input_ids, attention_mask=attention_mask, logits_processor=processors,
+                              **kwargs)
+
+
+def decode(tokenizer: Any, ids: torch.Tensor) -> list[str]:
+    return [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+
+
+def generate(model: Any, tokenizer: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+             settings: GenerationSettings) -> list[str]:
+    """Summaries for one batch, decoded without special tokens."""
+    return decode(tokenizer, generate_ids(model, input_ids, attention_mask, settings))
+
+
+@dataclass
+class Batch:
+    number: int
+    rows: list[Example] = field(default_factory=list)
+    token_ids: list[list[int]] = field(default_factory=list)
+
+
+def plan_batches(stream: Iterator[Example], tokenizer: Any, batch_size: int, max_source_length: int) -> Iterator[Batch]:
+    """Batches of documents sorted longest first within windows of WINDOW_BATCHES batches, so that
+    padding is small while the input is still streamed; the numbering is deterministic."""
+    number = 0
+    window: list[Example] = []
+
+    def flush(window: list[Example]) -> Iterator[Batch]:
+        nonlocal number
+        ids = tokenizer([e.document for e in window], truncation=True, max_length=max_source_length)["input_ids"]
+        order = sorted(range(len(window)), key=lambda i: -len(ids[i]))
+        for start in range(0, len(order), batch_size):
+            chosen = order[start:start + batch_size]
+            yield Batch(number, [window[i] for i in chosen], [ids[i] for i in chosen])
+            number += 1
+
+    for example in stream:
+        window.append(example)
+        if len(window) == batch_size * WINDOW_BATCHES:
+            yield from flush(window)
+            window = []
+    if window:
+        yield from flush(window)

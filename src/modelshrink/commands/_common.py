@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Annotated, Callable, Iterator, Optional
 
 import typer
 
@@ -82,3 +82,18 @@ class DocsProgress:
 
 def log(message: str) -> None:
     typer.echo(message, err=True)
+
+
+# Generation options shared by every command that generates; defaults come from the model's config.
+GEN_PANEL = "Generation (defaults: the model's generation config)"
+NumBeams = Annotated[Optional[int], typer.Option(help="Beam size.", rich_help_panel=GEN_PANEL)]
+LengthPenalty = Annotated[Optional[float], typer.Option(help="Beam length penalty.", rich_help_panel=GEN_PANEL)]
+MinLength = Annotated[Optional[int], typer.Option(help="Minimum summary length in tokens.",
+                                                  rich_help_panel=GEN_PANEL)]
+MaxLength = Annotated[Optional[int], typer.Option(help="Maximum summary length in tokens.",
+                                                  rich_help_panel=GEN_PANEL)]
+NoRepeatNgramSize = Annotated[Optional[int], typer.Option(help="Block repeated n-grams of this size.",
+                                                          rich_help_panel=GEN_PANEL)]
+MaxSourceLength = Annotated[Optional[int], typer.Option(
+    help="Truncate documents to this many tokens. [default: the tokenizer's model_max_length]",
+    rich_help_panel=GEN_PANEL)]

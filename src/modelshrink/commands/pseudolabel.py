@@ -7,7 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from modelshrink.commands._common import DocsProgress, emit, handle_errors, log
+from modelshrink.commands._common import (GEN_PANEL as GEN, DocsProgress, LengthPenalty, MaxLength,
+                                         MaxSourceLength, MinLength, NoRepeatNgramSize, NumBeams, emit,
+                                         handle_errors, log)
 
 EPILOG = """\
 **Examples**
@@ -27,7 +29,6 @@ Continue an interrupted run (same options):
     modelshrink pseudolabel runs/teacher train.jsonl -o runs/pl-lambda2 --lambda 2.0 --resume
 """
 
-GEN = "Generation (defaults: the teacher's generation config)"
 PLATE = "Attention temperature (PLATE)"
 BASE = "Baselines (PLATE Table 5, Appendix C)"
 DATA = "Data"
@@ -51,17 +52,12 @@ def pseudolabel(
     lambda_range: Annotated[Optional[tuple[float, float]], typer.Option(
         metavar="A B", help="Draw λ ~ U[A, B] per document (seeded, recorded per row); the paper uses 1 2.",
         rich_help_panel=PLATE)] = None,
-    num_beams: Annotated[Optional[int], typer.Option(help="Beam size.", rich_help_panel=GEN)] = None,
-    length_penalty: Annotated[Optional[float], typer.Option(help="Beam length penalty.", rich_help_panel=GEN)] = None,
-    min_length: Annotated[Optional[int], typer.Option(help="Minimum summary length in tokens.",
-                                                      rich_help_panel=GEN)] = None,
-    max_length: Annotated[Optional[int], typer.Option(help="Maximum summary length in tokens.",
-                                                      rich_help_panel=GEN)] = None,
-    no_repeat_ngram_size: Annotated[Optional[int], typer.Option(help="Block repeated n-grams of this size.",
-                                                                rich_help_panel=GEN)] = None,
-    max_source_length: Annotated[Optional[int], typer.Option(
-        help="Truncate documents to this many tokens. [default: the tokenizer's model_max_length]",
-        rich_help_panel=GEN)] = None,
+    num_beams: NumBeams = None,
+    length_penalty: LengthPenalty = None,
+    min_length: MinLength = None,
+    max_length: MaxLength = None,
+    no_repeat_ngram_size: NoRepeatNgramSize = None,
+    max_source_length: MaxSourceLength = None,
     batch_size: Annotated[int, typer.Option(help="Documents per batch (sorted by length).",
                                             rich_help_panel=GEN)] = 16,
     seed: Annotated[int, typer.Option(help="Seed for --lambda-range draws and sampling.",

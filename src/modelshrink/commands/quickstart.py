@@ -18,9 +18,10 @@ def quickstart(
 ) -> None:
     """Run the chain on the bundled Debian sample with the packaged MiniLM, offline.
 
-    Today: warm-start a bert2bert teacher from MiniLM-L6, then pseudo-label the sample at λ = 1 and
-    λ = 2. The teacher is not fine-tuned until `distill` exists, so its summaries are noise; the run
-    shows the artifacts, their manifests and the speed.
+    Today: warm-start a bert2bert teacher from MiniLM-L6, pseudo-label the sample at λ = 1 and λ = 2,
+    and score both against the gold summaries with `eval`. The teacher is not fine-tuned until
+    `distill` exists, so its summaries are noise; the run shows the artifacts, their manifests and
+    the speed.
 
     Example: modelshrink quickstart -o runs/quickstart --overwrite
     """
@@ -32,11 +33,14 @@ def quickstart(
     with handle_errors(), DocsProgress() as bars:
         summary = run_quickstart(output, limit=limit, overwrite=overwrite,
                                  progress=lambda label: bars.task(f"pseudolabel {label}"), log=log)
-    table = Table(title="pseudo labels of the bundled sample")
-    for column in ("λ", "documents", "docs/s", "mean words", "first summary"):
+    table = Table(title="pseudo labels of the bundled sample (untrained teacher: expect ROUGE near 0)")
+    for column in ("λ", "docs", "docs/s", "words", "ROUGE-1 (p vs first)", "ROUGE-2", "novel 1-grams %"):
         table.add_column(column)
     for run in summary["runs"].values():
+        p = run["p_vs_first"]
         table.add_row(f"{run['lambda']:g}", str(run["documents"]), f"{run['docs_per_second']:.2f}",
-                      f"{run['summary_words_mean']:.1f}", run["example"]["summary"][:60])
+                      f"{run['summary_words_mean']:.1f}",
+                      f"{run['rouge1']:.2f}" + (f" (p={p['rouge1']:.2f})" if p else ""), f"{run['rouge2']:.2f}",
+                      f"{run['novel_ngrams']['1']:.1f}")
     Console(stderr=True).print(table)
     emit(Path(output))

@@ -1,0 +1,97 @@
+"""`eval --compare`: several systems side by side, significance against the first, and a PNG of
+quality against footprint (DQ-BART Fig. 1 style)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
+from modelshrink.data import unique_keys
+from modelshrink.errors import UserError
+from modelshrink.metrics import stats
+from modelshrink.metrics.rouge import ROUGE_KEYS
+
+QUALITY = {"summarization": list(ROUGE_KEYS), "classification": ["accuracy", "f1", "mcc"],
+           "regression": ["pearson", "spearman"]}
+PLOTTED = {"summarization": "rougeL", "classification": "accuracy", "regression": "pearson"}
+
+
+def _load_eval(path: Path) -> dict[str, Any]:
+    metrics = json.loads((path / "metrics.json").read_text())
+    rows = [json.loads(line) for line in (path / "predictions.jsonl").read_text().splitlines()]
+    keyed = dict(zip(unique_keys([r["id"] for r in rows]), rows))
+    return {"name": path.name, "path": str(path), "metrics": metrics, "rows": keyed}
+
+
+def compare(entries: list[str], output: str | Path, *, evaluate_model: Callable[[str, Path], Path] | None = None,
+            overwrite: bool = False, significance: str = "permutation", resamples: int = 10000, seed: int = 0,
+            log: Callable[[str], None] = lambda m: None) -> tuple[Path, dict[str, Any]]:
+    """Compare eval artifacts (or models, evaluated first by `evaluate_model(model, folder)`)."""
+    if len(entries) < 2:
+        raise UserError("--compare needs at least two eval artifacts or models")
+    writer = ArtifactWriter(output, overwrite=overwrite)
+    writer.check()
+    for entry in entries:
+        manifest = read_manifest(entry) if Path(entry).is_dir() else None
+        is_model = Path(entry, "config.json").is_file()
+        if (manifest is None or manifest.get("kind") != "eval") and not is_model:
+            raise UserError(f"--compare: {entry} is neither an eval artifact nor a model folder")
+        if is_model and (manifest is None or manifest.get("kind") != "eval") and evaluate_model is None:
+            raise UserError(f"--compare: {entry} is a model; give DATA (--data) to evaluate it first")
+    with writer:
+        systems = []
+        for i, entry in enumerate(entries):
+            manifest = read_manifest(entry) if Path(entry).is_dir() else None
+            if manifest is not None and manifest.get("kind") == "eval":
+                systems.append(_load_eval(Path(entry)))
+            else:
+                log(f"evaluating {entry}")
+                evaluated = evaluate_model(entry, writer.staging / f"eval-{i}-{Path(entry).name}")
+                systems.append({**_load_eval(evaluated), "name": Path(entry).name})
+        tasks = {s["metrics"]["task"] for s in systems}
+        if len(tasks) != 1:
+            raise UserError(f"--compare: the systems are of different tasks ({', '.join(sorted(tasks))})")
+        task = tasks.pop()
+        first = systems[0]
+        ids = list(first["rows"])
+        for s in systems[1:]:
+            if set(s["rows"]) != set(ids):
+                raise UserError(f"--compare: {s['path']} and {first['path']} were not evaluated on the same "
+                                "documents (ids differ)")
+        keys = QUALITY[task]
+        per_doc_keys = list(ROUGE_KEYS) if task == "summarization" else list(next(iter(first["rows"].values()))
+                                                                              ["scores"])
+        table = []
+        for s in systems:
+            m = s["metrics"]
+            eff = m.get("efficiency", {})
+            row = {"name": s["name"], "path": s["path"], **{k: m.get(k) for k in keys},
+                   "length_words": m.get("length_words"), "parameters": eff.get("parameters"),
+                   "bytes_on_disk": eff.get("bytes_on_disk"), "latency_ms_p50": eff.get("latency_ms_p50"),
+                   "p_vs_first": {}}
+            if s is not first:
+                for key in per_doc_keys:
+                    a = np.array([s["rows"][i]["scores"][key] for i in ids])
+                    b = np.array([first["rows"][i]["scores"][key] for i in ids])
+                    row["p_vs_first"][key] = round(stats.paired_test(a, b, significance, resamples, seed), 6)
+            table.append(row)
+        result = {"task": task, "significance": {"method": significance, "resamples": resamples, "seed": seed,
+                                                 "against": first["name"]}, "systems": table}
+        points = [(r["name"], r["bytes_on_disk"], r[PLOTTED[task]]) for r in table if r["bytes_on_disk"]]
+        if points:
+            from modelshrink.figures import quality_vs_footprint
+
+            quality_vs_footprint(points, writer.staging / "quality-vs-footprint.png", PLOTTED[task])
+            result["figure"] = "quality-vs-footprint.png"
+        else:
+            log("note: no system has a size on disk (all are predictions files), so no quality-vs-footprint figure")
+        (writer.staging / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
+        options = {"compare": entries, "significance": significance, "significance_resamples": resamples,
+                   "seed": seed}
+        path = writer.commit(step="eval", kind="comparison", options=options,
+                             parents=[parent_ref("system", e) for e in entries], metrics={"systems": len(table)})
+    return path, result

@@ -1,0 +1,60 @@
+"""PNG figures (matplotlib, optional extra `plot`): cross-attention heatmaps, quality vs footprint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from modelshrink.errors import UserError
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError("PNG figures need matplotlib: pip install 'modelshrink[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def attention_heatmap(weights: np.ndarray, source_tokens: Sequence[str], summary_tokens: Sequence[str],
+                      path: Path, title: str) -> Path:
+    """Cross attention of one document (summary tokens × document tokens), as PLATE's Fig. 1."""
+    plt = _pyplot()
+    height = max(2.5, 0.22 * len(summary_tokens) + 1.5)
+    width = max(6.0, min(40.0, 0.12 * len(source_tokens) + 2.0))
+    fig, ax = plt.subplots(figsize=(width, height))
+    image = ax.imshow(weights, aspect="auto", cmap="viridis", interpolation="nearest", vmin=0.0)
+    ax.set_yticks(range(len(summary_tokens)), summary_tokens, fontsize=7)
+    step = max(1, len(source_tokens) // 60)
+    ax.set_xticks(range(0, len(source_tokens), step), list(source_tokens)[::step], rotation=90, fontsize=6)
+    ax.set_xlabel("document token")
+    ax.set_ylabel("summary token")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.02)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def quality_vs_footprint(points: Sequence[tuple[str, float, float]], path: Path, metric: str) -> Path:
+    """Quality (y) against bytes on disk (x, MB, log scale), one labelled point per system (DQ-BART Fig. 1)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for label, size_bytes, score in points:
+        ax.scatter(size_bytes / 1e6, score, s=36)
+        ax.annotate(label, (size_bytes / 1e6, score), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("size on disk (MB, log scale)")
+    ax.set_ylabel(metric)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title(f"{metric} against footprint")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

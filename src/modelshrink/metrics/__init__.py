@@ -1,0 +1,1 @@
+"""Pure metric functions for `modelshrink eval`: ROUGE, summary style, GLUE metrics, significance."""
