@@ -38,6 +38,8 @@ class Family:
     decoder_self: str
     decoder_cross: str
     query: str  # dotted path from an attention module to its query projection
+    encoder_layers_config: str  # dotted config attribute holding the number of encoder layers
+    decoder_layers_config: str
     position_bias: str | None = None
 
     def _resolve(self, model: nn.Module, path: str) -> nn.Module:
@@ -70,15 +72,18 @@ class Family:
 FAMILIES = (
     Family("bart", ("bart", "mbart", "pegasus", "marian"),
            encoder_layers="model.encoder.layers", decoder_layers="model.decoder.layers",
-           encoder_self="self_attn", decoder_self="self_attn", decoder_cross="encoder_attn", query="q_proj"),
+           encoder_self="self_attn", decoder_self="self_attn", decoder_cross="encoder_attn", query="q_proj",
+           encoder_layers_config="encoder_layers", decoder_layers_config="decoder_layers"),
     Family("t5", ("t5", "mt5"),
            encoder_layers="encoder.block", decoder_layers="decoder.block",
            encoder_self="layer.0.SelfAttention", decoder_self="layer.0.SelfAttention",
-           decoder_cross="layer.1.EncDecAttention", query="q", position_bias="relative_attention_bias"),
+           decoder_cross="layer.1.EncDecAttention", query="q", position_bias="relative_attention_bias",
+           encoder_layers_config="num_layers", decoder_layers_config="num_decoder_layers"),
     Family("bert2bert", ("encoder-decoder",),
            encoder_layers="encoder.encoder.layer", decoder_layers="decoder.{decoder}.encoder.layer",
            encoder_self="attention.self", decoder_self="attention.self",
-           decoder_cross="crossattention.self", query="query"),
+           decoder_cross="crossattention.self", query="query",
+           encoder_layers_config="encoder.num_hidden_layers", decoder_layers_config="decoder.num_hidden_layers"),
 )
 # The halves an EncoderDecoderModel may have: models whose layers share BERT's module layout.
 ENCODER_DECODER_HALVES = ("bert", "roberta")
