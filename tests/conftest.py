@@ -59,9 +59,10 @@ def bert_tokenizer():
                            unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
 
 
-def build(family: str, attn_implementation: str = "sdpa", seed: int = 0):
-    """(model, tokenizer) of a tiny random model. Weights are initialised wider than usual so that
-    attention is peaked and a temperature change moves the outputs visibly."""
+def build(family: str, attn_implementation: str = "sdpa", seed: int = 0, wide: bool = True):
+    """(model, tokenizer) of a tiny random model. With `wide` (default) weights are initialised wider
+    than usual so that attention is peaked and a temperature change moves the outputs visibly;
+    `wide=False` keeps the library's usual initialisation, which trains faster."""
     from transformers import (BartConfig, BartForConditionalGeneration, BertConfig, EncoderDecoderConfig,
                               EncoderDecoderModel, T5Config, T5ForConditionalGeneration)
 
@@ -78,13 +79,14 @@ def build(family: str, attn_implementation: str = "sdpa", seed: int = 0):
     elif family == "t5":
         tok = t5_tokenizer()
         config = T5Config(vocab_size=len(tok), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
-                          initializer_factor=3.0, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                          initializer_factor=3.0 if wide else 1.0, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                           decoder_start_token_id=tok.pad_token_id, attn_implementation=attn_implementation)
         model = T5ForConditionalGeneration(config)
     elif family == "bert2bert":
         tok = bert_tokenizer()
         common = dict(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      intermediate_size=64, max_position_embeddings=80, initializer_range=0.3)
+                      intermediate_size=64, max_position_embeddings=80,
+                      initializer_range=0.3 if wide else 0.02)
         config = EncoderDecoderConfig.from_encoder_decoder_configs(
             BertConfig(**common), BertConfig(**common, is_decoder=True, add_cross_attention=True))
         config.decoder_start_token_id = tok.cls_token_id
@@ -97,7 +99,7 @@ def build(family: str, attn_implementation: str = "sdpa", seed: int = 0):
     else:
         raise ValueError(family)
     with torch.no_grad():  # non-zero biases, so that scaling a query bias is visible too
-        for name, param in model.named_parameters():
+        for name, param in model.named_parameters() if wide else []:
             if name.endswith(".bias") and "norm" not in name.lower():
                 param.normal_(0.0, 0.2)
     gc = model.generation_config

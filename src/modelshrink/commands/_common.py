@@ -80,6 +80,36 @@ class DocsProgress:
         return update
 
 
+class TrainProgress:
+    """A rich progress bar on stderr for training: step of total, loss, learning rate, tokens/s."""
+
+    def __init__(self, label: str = "train") -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+            TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=Console(file=sys.stderr))
+        self.label = label
+        self.task = None
+
+    def __enter__(self) -> "TrainProgress":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def __call__(self, entry: dict) -> None:
+        info = f"loss {entry.get('loss', float('nan')):.4f} lr {entry['lr']:.2e} {entry['tokens_per_s']:.0f} tok/s"
+        if self.task is None:
+            self.task = self.progress.add_task(self.label, total=entry["total_steps"], completed=entry["step"],
+                                               info=info)
+        else:
+            self.progress.update(self.task, completed=entry["step"], info=info)
+
+
 def log(message: str) -> None:
     typer.echo(message, err=True)
 

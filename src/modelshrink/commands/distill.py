@@ -1,0 +1,166 @@
+"""`modelshrink distill`: shrink a teacher into a student and train it (or fine-tune a model)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from modelshrink.commands._common import (GEN_PANEL, MaxLength, MaxSourceLength, NumBeams, TrainProgress, emit,
+                                          fail, handle_errors, log)
+
+EPILOG = """\
+**Examples**
+
+Shrink a 12-6 teacher to 12-3 (decoder layers 0, 3, 5) and train it on PLATE pseudo labels:
+
+    modelshrink distill runs/pl-lambda2 -o runs/student-12-3 --teacher runs/teacher --decoder-layers 3 \\
+        --epochs 3 --validation valid.jsonl --eval-every 500
+
+Add DQ-BART's word-level losses (logits, hidden states, attention):
+
+    modelshrink distill train.jsonl -o runs/student-kd --teacher runs/teacher --encoder-layers 6 \\
+        --decoder-layers 3 --kd-logits mse --kd-hidden 1 --kd-attention 1 --max-steps 20000
+
+Make a teacher from a pretrained encoder (bert2bert warm start), or only write the shrunk student:
+
+    modelshrink distill train.jsonl -o runs/teacher --init-encoder-decoder path/to/minilm --epochs 3
+    modelshrink distill train.jsonl -o runs/student-init --teacher runs/teacher --decoder-layers 1 --max-steps 0
+
+Several processes or machines:
+
+    accelerate launch --multi_gpu --num_processes 2 -m modelshrink distill train.jsonl -o runs/s ...
+"""
+
+START = "Starting point"
+LOSS = "Losses"
+OPT = "Optimization"
+VAL = "Validation"
+DATA = "Data"
+
+
+def _ids(value: Optional[str], flag: str) -> Optional[list[int]]:
+    if value is None:
+        return None
+    try:
+        return [int(x) for x in value.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise fail(f"{flag} takes comma-separated layer numbers such as 0,6,11; got {value}") from None
+
+
+def distill_command(
+    data: Annotated[str, typer.Argument(help="Training pairs: gold (document, summary) or a pseudolabel artifact.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write the model artifact to.")],
+    teacher: Annotated[Optional[str], typer.Option(help="Teacher model: the student copies its layers, and "
+                                                        "word-level losses compare against it.",
+                                                   rich_help_panel=START)] = None,
+    student: Annotated[Optional[str], typer.Option(help="A separate student model (or, alone, a model to "
+                                                        "fine-tune).", rich_help_panel=START)] = None,
+    init_encoder_decoder: Annotated[Optional[str], typer.Option(
+        metavar="ENCODER[,DECODER]", help="Warm-start an encoder-decoder from pretrained BERT/RoBERTa encoders.",
+        rich_help_panel=START)] = None,
+    encoder_layers: Annotated[Optional[int], typer.Option(help="Student encoder layers copied from the teacher. "
+                                                               "[default: all]", rich_help_panel=START)] = None,
+    decoder_layers: Annotated[Optional[int], typer.Option(help="Student decoder layers copied from the teacher. "
+                                                               "[default: all]", rich_help_panel=START)] = None,
+    layer_selection: Annotated[str, typer.Option(help="spaced (first and last kept; 12→3 = 0,6,11; one layer = the "
+                                                      "last) or first.", rich_help_panel=START)] = "spaced",
+    encoder_layer_ids: Annotated[Optional[str], typer.Option(metavar="IDS", help="Explicit teacher encoder layers, "
+                                                             "e.g. 0,6,11.", rich_help_panel=START)] = None,
+    decoder_layer_ids: Annotated[Optional[str], typer.Option(metavar="IDS", help="Explicit teacher decoder layers.",
+                                                             rich_help_panel=START)] = None,
+    kd_logits: Annotated[Optional[str], typer.Option(help="Logit distillation: kl (with --temperature) or mse "
+                                                          "(DQ-BART). [default: off]", rich_help_panel=LOSS)] = None,
+    kd_logits_weight: Annotated[float, typer.Option(help="Weight of the logit loss.", rich_help_panel=LOSS)] = 1.0,
+    temperature: Annotated[float, typer.Option(help="Temperature of --kd-logits kl (loss scaled by T²).",
+                                               rich_help_panel=LOSS)] = 2.0,
+    kd_hidden: Annotated[float, typer.Option(help="Weight of the hidden-state MSE (0 = off).",
+                                             rich_help_panel=LOSS)] = 0.0,
+    kd_attention: Annotated[float, typer.Option(help="Weight of the attention MSE: encoder self, decoder self, "
+                                                     "cross (0 = off).", rich_help_panel=LOSS)] = 0.0,
+    label_smoothing: Annotated[float, typer.Option(help="Label smoothing of the cross-entropy (PLATE: 0.1).",
+                                                   rich_help_panel=LOSS)] = 0.1,
+    max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps; 0 writes the initialized student "
+                                                          "untrained.", rich_help_panel=OPT)] = None,
+    epochs: Annotated[Optional[float], typer.Option(help="Epochs (when --max-steps is not given).",
+                                                    rich_help_panel=OPT)] = None,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW).", rich_help_panel=OPT)] = 5e-5,
+    beta1: Annotated[float, typer.Option(help="AdamW β1.", rich_help_panel=OPT)] = 0.9,
+    beta2: Annotated[float, typer.Option(help="AdamW β2.", rich_help_panel=OPT)] = 0.999,
+    eps: Annotated[float, typer.Option(help="AdamW ε.", rich_help_panel=OPT)] = 1e-8,
+    weight_decay: Annotated[float, typer.Option(help="AdamW weight decay (not on biases and norms).",
+                                                rich_help_panel=OPT)] = 0.01,
+    warmup_steps: Annotated[Optional[int], typer.Option(help="Linear warmup steps. [default: from --warmup-ratio]",
+                                                        rich_help_panel=OPT)] = None,
+    warmup_ratio: Annotated[float, typer.Option(help="Warmup as a share of all steps.", rich_help_panel=OPT)] = 0.0,
+    max_grad_norm: Annotated[float, typer.Option(help="Gradient clipping (0 = off).", rich_help_panel=OPT)] = 1.0,
+    grad_accum: Annotated[int, typer.Option(help="Gradient accumulation steps.", rich_help_panel=OPT)] = 1,
+    batch_size: Annotated[int, typer.Option(help="Pairs per batch and process.", rich_help_panel=OPT)] = 16,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Batch by a padded-token budget instead of a count.",
+                                                      rich_help_panel=OPT)] = None,
+    seed: Annotated[int, typer.Option(help="Seed of data order, dropout and new weights.", rich_help_panel=OPT)] = 0,
+    log_every: Annotated[int, typer.Option(help="Write train_log.jsonl every N steps.", rich_help_panel=OPT)] = 10,
+    save_every: Annotated[Optional[int], typer.Option(help="Checkpoint every N steps (for --resume).",
+                                                      rich_help_panel=OPT)] = None,
+    validation: Annotated[Optional[str], typer.Option(help="Validation pairs, scored by ROUGE.",
+                                                      rich_help_panel=VAL)] = None,
+    eval_every: Annotated[Optional[int], typer.Option(help="Validate every N steps (and at the end).",
+                                                      rich_help_panel=VAL)] = None,
+    eval_limit: Annotated[Optional[int], typer.Option(help="Validation documents used.", rich_help_panel=VAL)] = 200,
+    metric: Annotated[str, typer.Option(help="Keep the checkpoint best by this: rouge1, rouge2, rougeL, rougeLsum.",
+                                        rich_help_panel=VAL)] = "rouge2",
+    early_stopping: Annotated[Optional[int], typer.Option(help="Stop after N validations without improvement.",
+                                                          rich_help_panel=VAL)] = None,
+    num_beams: NumBeams = None,
+    max_length: MaxLength = None,
+    max_source_length: MaxSourceLength = None,
+    max_target_length: Annotated[int, typer.Option(help="Truncate summaries to this many tokens for training.",
+                                                   rich_help_panel=GEN_PANEL)] = 128,
+    split: Annotated[Optional[str], typer.Option(help="Split of DATA (datasets folder or hub).",
+                                                 rich_help_panel=DATA)] = None,
+    validation_split: Annotated[Optional[str], typer.Option(help="Split of --validation.",
+                                                            rich_help_panel=DATA)] = None,
+    text_column: Annotated[Optional[str], typer.Option(help="Document column. [default: auto]",
+                                                       rich_help_panel=DATA)] = None,
+    summary_column: Annotated[Optional[str], typer.Option(help="Summary column. [default: auto]",
+                                                          rich_help_panel=DATA)] = None,
+    limit: Annotated[Optional[int], typer.Option(help="Use only the first N training pairs.",
+                                                 rich_help_panel=DATA)] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda, or auto (under accelerate launch, its choice).")] = "auto",
+    resume: Annotated[bool, typer.Option(help="Continue an interrupted run from its last checkpoint.")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing output.")] = False,
+    trust_remote_code: Annotated[bool, typer.Option(help="Allow models' own code from the hub.")] = False,
+) -> None:
+    """Shrink a teacher into a student (copied layers) and train it, on gold pairs or pseudo labels,
+    optionally with word-level distillation losses; or fine-tune a model (a teacher) when there is none.
+
+    Writes a model artifact (`save_pretrained` folder with tokenizer and generation config) with
+    train_log.jsonl, validation.json, a model card README.md and modelshrink.json.
+    """
+    from modelshrink.distill import DistillOptions, distill
+
+    main = os.environ.get("RANK", "0") == "0"
+    with handle_errors(resume_hint="Run the same command with --resume to continue from the last checkpoint "
+                                   "(needs --save-every)."):
+        options = DistillOptions(
+            data=data, teacher=teacher, student=student, init_encoder_decoder=init_encoder_decoder,
+            encoder_layers=encoder_layers, decoder_layers=decoder_layers, layer_selection=layer_selection,
+            encoder_layer_ids=_ids(encoder_layer_ids, "--encoder-layer-ids"),
+            decoder_layer_ids=_ids(decoder_layer_ids, "--decoder-layer-ids"), kd_logits=kd_logits,
+            kd_logits_weight=kd_logits_weight, temperature=temperature, kd_hidden=kd_hidden,
+            kd_attention=kd_attention, label_smoothing=label_smoothing, validation=validation,
+            eval_limit=eval_limit, split=split, validation_split=validation_split, text_column=text_column,
+            summary_column=summary_column, limit=limit, max_source_length=max_source_length,
+            max_target_length=max_target_length, num_beams=num_beams, max_length=max_length, lr=lr, beta1=beta1,
+            beta2=beta2, eps=eps, weight_decay=weight_decay, warmup_steps=warmup_steps, warmup_ratio=warmup_ratio,
+            max_grad_norm=max_grad_norm, grad_accum=grad_accum, batch_size=batch_size, max_tokens=max_tokens,
+            max_steps=max_steps, epochs=epochs, seed=seed, log_every=log_every, eval_every=eval_every,
+            save_every=save_every, metric=metric, early_stopping=early_stopping, device=device,
+            trust_remote_code=trust_remote_code)
+        with TrainProgress("distill") as progress:
+            path = distill(options, output, overwrite=overwrite, resume=resume, progress=progress,
+                           log=log if main else (lambda m: None))
+    if main:
+        emit(path)
