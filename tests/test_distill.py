@@ -57,6 +57,7 @@ def test_tiny_model_overfits_16_pairs(pairs, tmp_path):
     assert log[0]["ce"] > 3.0 and log[-1]["ce"] < 0.3, (log[0]["ce"], log[-1]["ce"])
     m = read_manifest(out)
     assert m["step"] == "distill" and m["metrics"]["steps"] == 150 and verify_files(out) == []
+    assert m["metrics"]["train_tokens"] == sum(e["tokens"] for e in log)  # log_every=1: one entry per step
     assert (out / "README.md").read_text().startswith("# s")
 
 
@@ -104,6 +105,9 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(saved_models, pai
     assert steps == list(range(1, 13))  # no step lost or logged twice
     with pytest.raises(UserError, match="--overwrite"):
         distill(_opts(pairs, **kw), out)
+    before = (out / "modelshrink.json").read_text()
+    assert distill(_opts(pairs, **kw), out, resume=True) == out  # finished: nothing to resume
+    assert (out / "modelshrink.json").read_text() == before
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(saved_models, pairs, tmp_path, monkeypatch):
@@ -172,6 +176,11 @@ def test_bad_models_and_tokenizers(saved_models, classifier_path, pairs, tmp_pat
 
     assert "not an encoder-decoder" in bad("--teacher", classifier_path)
     assert "not an encoder-decoder" in bad("--student", classifier_path)
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2)).save_pretrained(tmp_path / "gpt2")
+    bert_tokenizer().save_pretrained(tmp_path / "gpt2")
+    assert "is a gpt2 model (GPT2LMHeadModel)" in bad("--teacher", tmp_path / "gpt2")
     assert "tokenizers differ" in bad("--teacher", saved_models["bart"], "--student", saved_models["t5"],
                                       "--kd-logits", "kl")
     assert "need --teacher" in bad("--student", saved_models["bart"], "--kd-hidden", "1")

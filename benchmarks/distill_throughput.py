@@ -1,0 +1,160 @@
+"""Training throughput of `distill` against Hugging Face's `Seq2SeqTrainer`, side by side in one run,
+and what the word-level distillation losses cost.
+
+    python benchmarks/distill_throughput.py               # 20 timed steps × 2 rounds
+    python benchmarks/distill_throughput.py --steps 8 --rounds 1 --no-write   # a quick look
+
+Model: the bert2bert warm-started from the packaged MiniLM-L6 (6 + 6 layers), shrunk by `distill`
+to a 6-3 student (decoder layers 0, 3, 5); the same student, data (the bundled Debian sample), batch
+size, sequence limits, optimizer (AdamW, lr 1e-4, clipping 1.0) and label smoothing (0.1) in every
+setting. Settings:
+
+  * modelshrink distill, cross-entropy only (sequence-level distillation, what PLATE trains);
+  * transformers Seq2SeqTrainer on the same student and batches;
+  * modelshrink distill with logits (MSE) + hidden + attention losses against the 6-6 teacher
+    (DQ-BART), which adds a teacher forward pass and eager attention.
+
+Throughput is non-padding source + target tokens per second over the timed steps, after
+--warmup untimed steps; settings are interleaved for --rounds rounds and the median is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK_BEGIN = "<!-- distill_throughput:begin -->"
+MARK_END = "<!-- distill_throughput:end -->"
+
+
+def modelshrink_run(student: Path, teacher: Path, data: Path, work: Path, args, kd: bool) -> float:
+    from modelshrink.distill import DistillOptions, distill
+
+    extra = dict(teacher=str(teacher), kd_logits="mse", kd_hidden=1.0, kd_attention=1.0,
+                 encoder_layers=6, decoder_layers=3) if kd else dict(student=str(student))
+    options = DistillOptions(data=str(data), max_steps=args.warmup + args.steps, batch_size=args.batch_size,
+                             max_source_length=args.source, max_target_length=args.target, lr=1e-4,
+                             log_every=1, device="cpu", seed=0, **extra)
+    out = distill(options, work, overwrite=True)
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    timed = [e for e in log if e["step"] > args.warmup]
+    return sum(e["tokens"] for e in timed) / sum(e["seconds"] for e in timed)
+
+
+def hf_run(student: Path, data: Path, work: Path, args) -> float:
+    from transformers import (AutoTokenizer, DataCollatorForSeq2Seq, EncoderDecoderModel, Seq2SeqTrainer,
+                              Seq2SeqTrainingArguments, TrainerCallback)
+
+    tokenizer = AutoTokenizer.from_pretrained(student)
+    model = EncoderDecoderModel.from_pretrained(student)
+    rows = [json.loads(x) for x in data.read_text().splitlines()]
+    sources = tokenizer([r["document"] for r in rows], truncation=True, max_length=args.source)["input_ids"]
+    targets = tokenizer(text_target=[r["summary"] for r in rows], truncation=True, max_length=args.target)["input_ids"]
+    dataset = [{"input_ids": s, "attention_mask": [1] * len(s), "labels": t} for s, t in zip(sources, targets)]
+    base = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+    tokens: list[int] = []
+
+    def collate(features):
+        batch = base(features)
+        tokens.append(int(batch["attention_mask"].sum()) + int((batch["labels"] != -100).sum()))
+        return batch
+
+    stamps: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, *a, **k):
+            stamps.append(time.perf_counter())
+
+        def on_step_begin(self, *a, **k):
+            if not stamps:
+                stamps.append(time.perf_counter())
+
+    training = Seq2SeqTrainingArguments(
+        output_dir=str(work), per_device_train_batch_size=args.batch_size, max_steps=args.warmup + args.steps,
+        learning_rate=1e-4, weight_decay=0.01, max_grad_norm=1.0, label_smoothing_factor=0.1, lr_scheduler_type="linear",
+        logging_strategy="no", save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0, seed=0,
+        disable_tqdm=True)
+    trainer = Seq2SeqTrainer(model=model, args=training, train_dataset=dataset, data_collator=collate,
+                             callbacks=[Clock()])
+    trainer.train()
+    # stamps[0] is the start; stamps[i] the end of step i. Time and tokens of steps after the warm-up.
+    seconds = stamps[-1] - stamps[args.warmup]
+    return sum(tokens[args.warmup:args.warmup + args.steps]) / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--source", type=int, default=96)
+    parser.add_argument("--target", type=int, default=24)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+
+    from modelshrink.distill import DistillOptions, distill
+    from modelshrink.quickstart import sample_path, warmstart_artifact
+    from modelshrink.warmstart import packaged_minilm
+
+    work = Path(tempfile.mkdtemp(prefix="bench-distill-"))
+    teacher = warmstart_artifact(packaged_minilm(), work / "teacher")
+    student = distill(DistillOptions(data=str(sample_path()), teacher=str(teacher), decoder_layers=3, max_steps=0),
+                      work / "student")
+    data = sample_path()
+    settings = {
+        "modelshrink distill (cross-entropy)": lambda r: modelshrink_run(student, teacher, data, work / f"ms-{r}",
+                                                                         args, kd=False),
+        "transformers Seq2SeqTrainer": lambda r: hf_run(student, data, work / f"hf-{r}", args),
+        "modelshrink distill + logits, hidden, attention losses": lambda r: modelshrink_run(
+            student, teacher, data, work / f"kd-{r}", args, kd=True),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in settings}
+    names = list(settings)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            rates[name].append(settings[name](r))
+            print(f"round {r + 1} {name}: {rates[name][-1]:.1f} tokens/s", file=sys.stderr)
+    medians = {name: statistics.median(v) for name, v in rates.items()}
+    hf = medians["transformers Seq2SeqTrainer"]
+    ce = medians["modelshrink distill (cross-entropy)"]
+    lines = [
+        f"Student: bert2bert from MiniLM-L6, 6 encoder + 3 decoder layers (from a 6-6 warm start); bundled Debian "
+        f"sample, batch {args.batch_size}, sources ≤ {args.source} tokens, summaries ≤ {args.target}; {args.steps} "
+        f"timed steps after {args.warmup} untimed, {args.rounds} interleaved rounds, median. Machine: "
+        f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}. Command: "
+        f"`python benchmarks/distill_throughput.py` ({time.strftime('%Y-%m-%d')}).",
+        "",
+        "| setting | tokens/s (median) | vs Seq2SeqTrainer | vs distill CE | every round |",
+        "|---|---|---|---|---|",
+    ]
+    for name in names:
+        lines.append(f"| {name} | {medians[name]:.1f} | {medians[name] / hf:.3f}× | {medians[name] / ce:.3f}× | "
+                     f"{', '.join(f'{x:.1f}' for x in rates[name])} |")
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        path = ROOT / "BENCHMARKS.md"
+        current = path.read_text()
+        block = f"{MARK_BEGIN}\n{text}\n{MARK_END}"
+        if MARK_BEGIN in current:
+            before, rest = current.split(MARK_BEGIN, 1)
+            current = before + block + rest.split(MARK_END, 1)[1]
+        else:
+            current = (current.rstrip() + "\n\n## distill: training throughput against Seq2SeqTrainer\n\n"
+                       "Target (issue 4): at least 0.95× the tokens/s of a plain Hugging Face `Seq2SeqTrainer` on the "
+                       "same model, data and batch.\n\n" + block + "\n")
+        path.write_text(current)
+
+
+if __name__ == "__main__":
+    main()
