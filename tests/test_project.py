@@ -49,8 +49,8 @@ def test_quickstart_runs_the_chain_on_the_real_minilm(tmp_path):
     from modelshrink.artifacts import read_manifest, sha256_file, verify_files
     from modelshrink.quickstart import QuickstartBudget, run_quickstart
 
-    budget = QuickstartBudget(teacher_steps=2, student_steps=2, pseudolabel_docs=4, eval_docs=4, latency_docs=1,
-                              batch_size=2, max_source_length=32, max_target_length=8)
+    budget = QuickstartBudget(teacher_steps=2, student_steps=2, quantize_steps=1, pseudolabel_docs=4, eval_docs=4,
+                              latency_docs=1, batch_size=2, max_source_length=32, max_target_length=8)
     summary = run_quickstart(tmp_path / "qs", budget=budget)
     teacher = Path(summary["teacher"])
     from transformers import EncoderDecoderModel
@@ -64,8 +64,11 @@ def test_quickstart_runs_the_chain_on_the_real_minilm(tmp_path):
     pl = [p for p in student["parents"] if p["role"] == "data"][0]
     assert pl["manifest_sha256"] == sha256_file(tmp_path / "qs" / "pseudolabel-lambda2" / "modelshrink.json")
     systems = summary["comparison"]["systems"]
-    assert [s["name"] for s in systems] == ["eval-teacher", "eval-student-lambda1", "eval-student-lambda2"]
+    assert [s["name"] for s in systems] == ["eval-teacher", "eval-student-lambda1", "eval-student-lambda2",
+                                            "eval-student-lambda2-8-8-8", "eval-student-lambda2-2-2-8"]
     assert systems[1]["parameters"] < systems[0]["parameters"]
+    sizes = [s["bytes_on_disk"] for s in systems]
+    assert sizes[0] > sizes[2] > sizes[3] > sizes[4]  # teacher > student > 8-bit > ternary
     assert "against" in json.loads((tmp_path / "qs" / "eval-student-lambda2" / "metrics.json").read_text())
 
 

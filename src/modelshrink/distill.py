@@ -319,9 +319,17 @@ def make_validate(rows: list[Any], tokenizer: Any, options: DistillOptions, max_
 # ---------------------------------------------------------------- the step
 
 def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,
-            progress: Callable[[dict[str, Any]], None] | None = None,
-            log: Callable[[str], None] = lambda m: None) -> Path:
-    """Build the student, train it, and write a model artifact; returns its path."""
+            progress: Callable[[dict[str, Any]], None] | None = None, log: Callable[[str], None] = lambda m: None,
+            step: str = "distill", prepare_student: Callable[[Any], Any] | None = None,
+            save_student: Callable[[Any, Any, Path], Any] | None = None,
+            describe: Callable[[Path, Any, dict[str, Any]], dict[str, Any]] | None = None,
+            recorded: dict[str, Any] | None = None) -> Path:
+    """Build the student, train it, and write a model artifact; returns its path.
+
+    Other steps reuse this run: `prepare_student(model)` changes the student before training (e.g.
+    quantization surgery), `save_student(model, tokenizer, folder)` writes it in its own format,
+    `describe(folder, model, metrics)` adds metrics once it is written, and `step` / `recorded`
+    name the step and the options its manifest records."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
@@ -344,6 +352,9 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
                        if options.validation else None)
     built = build_student(options, device, log)
     teacher, student, tokenizer, maps = built["teacher"], built["student"], built["tokenizer"], built["maps"]
+    if prepare_student is not None:
+        prepare_student(student)
+    save = save_student or save_model
     if teacher is not None and options.word_level:
         if (options.kd_hidden > 0 or options.kd_attention > 0) and _dims(teacher.config) != _dims(student.config):
             raise UserError(f"--kd-hidden/--kd-attention need the student's hidden size and heads to match the "
@@ -374,7 +385,8 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     if options.max_steps != 0:
         attention_kernel = student.config._attn_implementation
         if options.kd_attention > 0:  # fused attention kernels do not return attention weights
-            student.set_attn_implementation("eager")
+            if attention_kernel in ("sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"):
+                student.set_attn_implementation("eager")
             teacher.set_attn_implementation("eager")
         if teacher is not None and options.word_level:
             teacher.to(accelerator.device).eval()
@@ -386,7 +398,7 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
 
         def save_best(model: Any, folder: Path) -> None:
             shutil.rmtree(folder, ignore_errors=True)
-            save_model(model, tokenizer, folder)
+            save(model, tokenizer, folder)
 
         result = train(student, tokenized, make_collate(tokenizer.pad_token_id), make_loss(options, teacher, maps),
                        options.train_options(), staging, accelerator=accelerator, validate=validate,
@@ -401,19 +413,21 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
         for f in best.iterdir():
             shutil.move(str(f), staging / f.name)
     else:
-        save_model(student, tokenizer, staging)
+        save(student, tokenizer, staging)
     for leftover in ("best", "checkpoints"):
         shutil.rmtree(staging / leftover, ignore_errors=True)
     (staging / "run.partial.json").unlink(missing_ok=True)
     metrics = _metrics(student, teacher_params=_params(built["teacher"]), result=result)
+    if describe is not None:
+        metrics.update(describe(staging, student, metrics))
     if result is not None and result.validation is not None:
         (staging / "validation.json").write_text(json.dumps(
             {"step": result.best["step"], "metric": options.metric, **result.validation}, indent=2) + "\n")
-    (staging / "README.md").write_text(model_card(options, output, built["origin"], metrics, parents))
+    (staging / "README.md").write_text(model_card(options, output, built["origin"], metrics, parents, step))
     resolved = {"layer_map": maps, "max_source_length": max_source_length, "device": str(accelerator.device),
                 "processes": accelerator.num_processes}
-    return writer.commit(step="distill", kind="model", options=options.recorded(), parents=parents, metrics=metrics,
-                         resolved=resolved)
+    return writer.commit(step=step, kind="model", options=recorded or options.recorded(), parents=parents,
+                         metrics=metrics, resolved=resolved)
 
 
 def _params(model: Any) -> int | None:
@@ -459,11 +473,14 @@ def _command(options: DistillOptions, output: Path) -> str:
 
 
 def model_card(options: DistillOptions, output: Path, origin: dict[str, Any], metrics: dict[str, Any],
-               parents: list[dict[str, Any]]) -> str:
+               parents: list[dict[str, Any]], step: str = "distill") -> str:
     lines = [f"# {output.name}", "",
-             f"Made by modelshrink {__version__} (`distill`) on "
-             f"{_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d')}. A `save_pretrained` folder: "
-             "plain `transformers` loads it.", "", "## Base model", ""]
+             f"Made by modelshrink {__version__} (`{step}`) on "
+             f"{_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d')}. "
+             + ("Weights stored as integers: load with modelshrink (`eval`, `export`, `modelshrink.quant.model."
+                "load_quantized`); plain `transformers.from_pretrained` stops at its `quantization_config`."
+                if step == "quantize" else "A `save_pretrained` folder: plain `transformers` loads it."),
+             "", "## Base model", ""]
     if "teacher" in origin and "layer_map" in origin:
         m = origin["layer_map"]
         lines.append(f"Student built from teacher `{origin['teacher']}` by copying encoder layers {m['encoder']} and "

@@ -80,11 +80,23 @@ def load_seq2seq(spec: str, what: str = "teacher", trust_remote_code: bool = Fal
     if not getattr(config, "is_encoder_decoder", False):
         raise UserError(f"{what} {spec} is not an encoder-decoder (seq2seq) model: it is {describe(config)}")
     family = family_of(config)
+    if _quantized(config):
+        from modelshrink.quant.model import load_quantized
+
+        model = load_quantized(spec)
+        return model.to(device).eval(), load_tokenizer(spec, what, trust_remote_code), family
     loader = EncoderDecoderModel if config.model_type == "encoder-decoder" else AutoModelForSeq2SeqLM
     model = from_pretrained(loader.from_pretrained, spec, what, trust_remote_code=trust_remote_code)
     tokenizer = load_tokenizer(spec, what, trust_remote_code)
     model.to(device).eval()
     return model, tokenizer, family
+
+
+def _quantized(config: Any) -> bool:
+    """A modelshrink-quantized artifact (integers on disk), which plain from_pretrained cannot read."""
+    qc = getattr(config, "quantization_config", None)
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    return method == "modelshrink"
 
 
 def task_of(config: Any) -> str:
@@ -107,8 +119,13 @@ def load_classifier(spec: str, what: str = "model", trust_remote_code: bool = Fa
     config = load_config(spec, what, trust_remote_code)
     if getattr(config, "is_encoder_decoder", False):
         raise UserError(f"{what} {spec} is a seq2seq model, not a sequence classifier: it is {describe(config)}")
-    model = from_pretrained(AutoModelForSequenceClassification.from_pretrained, spec, what,
-                            trust_remote_code=trust_remote_code)
+    if _quantized(config):
+        from modelshrink.quant.model import load_quantized
+
+        model = load_quantized(spec)
+    else:
+        model = from_pretrained(AutoModelForSequenceClassification.from_pretrained, spec, what,
+                                trust_remote_code=trust_remote_code)
     tokenizer = load_tokenizer(spec, what, trust_remote_code)
     model.to(device).eval()
     return model, tokenizer

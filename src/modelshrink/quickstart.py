@@ -5,8 +5,11 @@
 2. pseudo labels: the teacher labels training documents at λ = 1 and at λ = 2 (`pseudolabel`);
 3. students: the teacher shrunk to a 6-2 student (decoder layers 0 and 5), trained on each set of
    pseudo labels (`distill --teacher --decoder-layers 2`);
-4. evaluation: teacher and both students on the bundled validation sample, the λ = 2 student tested
-   against the λ = 1 student, side by side with their sizes (`eval`, `eval --compare`).
+4. quantization: the λ = 2 student quantized by distillation-aware training at 8-8-8 and 2-2-8
+   (`quantize --method distill`), stored as integers;
+5. evaluation: teacher, both students and both quantized students on the bundled validation sample,
+   the λ = 2 student tested against the λ = 1 student, side by side with their sizes on disk
+   (`eval`, `eval --compare`).
 
 Every step writes an ordinary artifact into the output folder; the same chain can be run command by
 command (README.md shows it). The budget is small so that the whole chain fits in about 15 minutes
@@ -49,6 +52,8 @@ class QuickstartBudget:
 
     teacher_steps: int = 150
     student_steps: int = 60
+    quantize_steps: int = 30
+    quantize_bits: tuple[str, ...] = ("8-8-8", "2-2-8")
     pseudolabel_docs: int = 400
     eval_docs: int = 100
     latency_docs: int = 8
@@ -66,6 +71,7 @@ def run_quickstart(output: str | Path, *, budget: QuickstartBudget | None = None
     from modelshrink.distill import DistillOptions, distill
     from modelshrink.evaluate import EvalOptions, evaluate
     from modelshrink.pseudolabel import PseudolabelOptions, pseudolabel
+    from modelshrink.quantize import QuantizeOptions, quantize
 
     budget = budget or QuickstartBudget()
     output = check_output(output, overwrite)
@@ -75,29 +81,42 @@ def run_quickstart(output: str | Path, *, budget: QuickstartBudget | None = None
     train, validation = str(sample_path("train")), str(sample_path("validation"))
     lengths = dict(max_source_length=budget.max_source_length, batch_size=budget.batch_size)
 
-    log(f"1/4 teacher: bert2bert warm-started from MiniLM-L6, fine-tuned {budget.teacher_steps} steps")
+    log(f"1/5 teacher: bert2bert warm-started from MiniLM-L6, fine-tuned {budget.teacher_steps} steps")
     teacher = distill(DistillOptions(data=train, init_encoder_decoder=packaged_minilm(), max_steps=budget.teacher_steps,
                                      lr=3e-4, warmup_steps=max(1, budget.teacher_steps // 10),
                                      max_target_length=budget.max_target_length, device="cpu", **lengths),
                       output / "teacher", progress=train_progress("teacher") if train_progress else None, log=log)
     students = {}
     for lam in budget.lambdas:
-        log(f"2/4 pseudo labels at λ = {lam:g} for {budget.pseudolabel_docs} training documents")
+        log(f"2/5 pseudo labels at λ = {lam:g} for {budget.pseudolabel_docs} training documents")
         labels = pseudolabel(PseudolabelOptions(teacher=str(teacher), data=train, limit=budget.pseudolabel_docs,
                                                 lam=lam, max_length=budget.max_target_length, device="cpu", **lengths),
                              output / f"pseudolabel-lambda{lam:g}",
                              progress=progress(f"pseudolabel λ={lam:g}") if progress else None, log=log)
-        log(f"3/4 student 6-2 on the λ = {lam:g} pseudo labels, {budget.student_steps} steps")
+        log(f"3/5 student 6-2 on the λ = {lam:g} pseudo labels, {budget.student_steps} steps")
+        labels_last = labels
         students[lam] = distill(DistillOptions(data=str(labels), teacher=str(teacher), decoder_layers=2,
                                                max_steps=budget.student_steps, lr=3e-4,
                                                max_target_length=budget.max_target_length, device="cpu", **lengths),
                                 output / f"student-lambda{lam:g}",
                                 progress=train_progress(f"student λ={lam:g}") if train_progress else None, log=log)
-    log(f"4/4 evaluation on {budget.eval_docs} validation documents")
+    last = budget.lambdas[-1]
+    quantized = {}
+    for bits in budget.quantize_bits:
+        log(f"4/5 student λ = {last:g} quantized to {bits} by distillation-aware training, "
+            f"{budget.quantize_steps} steps")
+        training = dict(max_steps=budget.quantize_steps, lr=1e-4, max_target_length=budget.max_target_length,
+                        **lengths)
+        quantized[bits] = quantize(QuantizeOptions(model=str(students[last]), bits=bits, data=str(labels_last),
+                                                   device="cpu", training=training),
+                                   output / f"student-lambda{last:g}-{bits}",
+                                   progress=train_progress(f"quantize {bits}") if train_progress else None, log=log)
+    log(f"5/5 evaluation on {budget.eval_docs} validation documents")
     evals = []
-    systems = [("teacher", teacher)] + [(f"student-lambda{lam:g}", path) for lam, path in students.items()]
+    systems = ([("teacher", teacher)] + [(f"student-lambda{lam:g}", path) for lam, path in students.items()]
+               + [(f"student-lambda{last:g}-{bits}", path) for bits, path in quantized.items()])
     for name, model in systems:
-        against = str(evals[1]) if name != "teacher" and len(evals) > 1 else None
+        against = str(evals[1]) if name == f"student-lambda{last:g}" and len(evals) > 1 else None
         path, _ = evaluate(EvalOptions(data=validation, model=str(model), limit=budget.eval_docs,
                                        latency_docs=budget.latency_docs, against=against, device="cpu",
                                        reference_size=str(teacher), **lengths),
@@ -105,6 +124,7 @@ def run_quickstart(output: str | Path, *, budget: QuickstartBudget | None = None
         evals.append(path)
     _, comparison = compare([str(e) for e in evals], output / "comparison", log=log)
     summary = {"teacher": str(teacher), "students": {f"{k:g}": str(v) for k, v in students.items()},
+               "quantized": {k: str(v) for k, v in quantized.items()},
                "evals": [str(e) for e in evals], "comparison": comparison}
     (output / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     return summary

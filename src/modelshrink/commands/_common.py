@@ -44,8 +44,9 @@ def emit(path: Path) -> None:
 
 
 class DocsProgress:
-    """Rich progress bars on stderr with documents/s and ETA. `task(label)` gives a library the
-    (done, total) callback for one bar."""
+    """Rich progress bars on stderr. `task(label)` gives a library the (done, total) callback of a
+    bar with documents/s and ETA; `train_task(label)` the callback of a training bar (step of total,
+    loss, learning rate, tokens/s). One live display holds every bar of a command."""
 
     def __init__(self) -> None:
         from rich.console import Console
@@ -54,7 +55,7 @@ class DocsProgress:
 
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
             console=Console(file=sys.stderr))
 
     def __enter__(self) -> "DocsProgress":
@@ -70,44 +71,27 @@ class DocsProgress:
         def update(done: int, total: int) -> None:
             nonlocal task_id
             if task_id is None:  # the first call brings the total (and rows done by an earlier run)
-                task_id = self.progress.add_task(label, total=total, completed=done, rate="")
+                task_id = self.progress.add_task(label, total=total, completed=done, info="")
                 return
             self.progress.update(task_id, completed=done)
             speed = self.progress.tasks[task_id].speed
             if speed:
-                self.progress.update(task_id, rate=f"{speed:.2f} docs/s")
+                self.progress.update(task_id, info=f"{speed:.2f} docs/s")
 
         return update
 
+    def train_task(self, label: str) -> Callable[[dict], None]:
+        task_id = None
 
-class TrainProgress:
-    """A rich progress bar on stderr for training: step of total, loss, learning rate, tokens/s."""
+        def update(entry: dict) -> None:
+            nonlocal task_id
+            info = f"loss {entry.get('loss', float('nan')):.4f} lr {entry['lr']:.2e} {entry['tokens_per_s']:.0f} tok/s"
+            if task_id is None:
+                task_id = self.progress.add_task(label, total=entry["total_steps"], completed=entry["step"], info=info)
+            else:
+                self.progress.update(task_id, completed=entry["step"], info=info)
 
-    def __init__(self, label: str = "train") -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-            TimeRemainingColumn
-
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=Console(file=sys.stderr))
-        self.label = label
-        self.task = None
-
-    def __enter__(self) -> "TrainProgress":
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.stop()
-
-    def __call__(self, entry: dict) -> None:
-        info = f"loss {entry.get('loss', float('nan')):.4f} lr {entry['lr']:.2e} {entry['tokens_per_s']:.0f} tok/s"
-        if self.task is None:
-            self.task = self.progress.add_task(self.label, total=entry["total_steps"], completed=entry["step"],
-                                               info=info)
-        else:
-            self.progress.update(self.task, completed=entry["step"], info=info)
+        return update
 
 
 def log(message: str) -> None:

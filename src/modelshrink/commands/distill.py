@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from modelshrink.commands._common import (GEN_PANEL, MaxLength, MaxSourceLength, NumBeams, TrainProgress, emit,
+from modelshrink.commands._common import (GEN_PANEL, MaxLength, MaxSourceLength, NumBeams, DocsProgress, emit,
                                           fail, handle_errors, log)
 
 EPILOG = """\
@@ -162,8 +162,8 @@ def distill_command(
             max_steps=max_steps, epochs=epochs, seed=seed, log_every=log_every, eval_every=eval_every,
             save_every=save_every, metric=metric, early_stopping=early_stopping, device=device,
             trust_remote_code=trust_remote_code)
-        with TrainProgress("distill") as progress:
-            path = distill(options, output, overwrite=overwrite, resume=resume, progress=progress,
+        with DocsProgress() as bars:
+            path = distill(options, output, overwrite=overwrite, resume=resume, progress=bars.train_task("distill"),
                            log=log if main else (lambda m: None))
     if main:
         emit(path)

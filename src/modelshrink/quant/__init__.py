@@ -1,0 +1,1 @@
+"""Quantization (DQ-BART): quantizers, bit packing, model surgery, and quantized storage."""

@@ -1,0 +1,146 @@
+"""Quantized artifacts that are small on disk: integers, not fake-quantized floats.
+
+`model.safetensors` holds, for every quantized weight, `NAME.qweight` (the integers packed: int8 at
+8 bits, two per byte at 3-4 bits, five ternary digits per byte at 2 bits) and `NAME.scale` (α, per
+tensor or per row, float32); every other tensor (positional embeddings, norms, biases) as it was.
+config.json carries `quantization_config` (quant_method "modelshrink", the bits, the granularity,
+the packing, and each quantized tensor's shape), enough to rebuild the model.
+
+Plain `transformers.from_pretrained` cannot read this: it stops at the unknown quant_method.
+`load_quantized` (used by every modelshrink command) rebuilds the architecture from the config,
+unpacks and dequantizes the weights (α·b, exactly the values the quantized model computed with),
+and re-applies activation and attention quantization.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch.nn.utils import parametrize
+
+from modelshrink.errors import UserError
+from modelshrink.quant.modules import QuantSpec, check_quantizable, latent_weights, quantize_model
+from modelshrink.quant.packing import BITS_PER_VALUE, pack, unpack
+from modelshrink.quant.quantizers import dequantize, quantize_weight
+
+QUANT_METHOD = "modelshrink"
+
+
+def is_quantized(config: Any) -> bool:
+    qc = getattr(config, "quantization_config", None)
+    if isinstance(qc, dict):
+        return qc.get("quant_method") == QUANT_METHOD
+    return getattr(qc, "quant_method", None) == QUANT_METHOD
+
+
+def _plain_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict with parametrized weights under their ordinary names (latent values)."""
+    state = {}
+    for key, value in model.state_dict().items():
+        state[key.replace("parametrizations.", "").replace(".original", "")] = value
+    return state
+
+
+def save_quantized(model: torch.nn.Module, tokenizer: Any, folder: str | os.PathLike, spec: QuantSpec) -> dict[str, Any]:
+    """Write the quantized model; returns the storage summary (tensors, bytes by kind)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    quantized = latent_weights(model)
+    tensors: dict[str, torch.Tensor] = {}
+    shapes: dict[str, dict[str, Any]] = {}
+    for name, (latent, bits, per_row) in quantized.items():
+        b, alpha = quantize_weight(latent.detach().float().cpu(), bits, per_row)
+        tensors[f"{name}.qweight"] = pack(b.flatten(), bits)
+        tensors[f"{name}.scale"] = alpha.float().reshape(-1).contiguous()
+        shapes[name] = {"shape": list(latent.shape), "bits": bits, "per_row": per_row}
+    seen_data: set[int] = {latent.data_ptr() for latent, _, _ in quantized.values()}
+    for name, value in _plain_state(model).items():
+        if name in quantized or value.data_ptr() in seen_data:  # tied copies of a quantized weight
+            continue
+        tensors[name] = value.detach().cpu().contiguous()
+        seen_data.add(value.data_ptr())
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt", "modelshrink": "quantized"})
+    config = model.config
+    config.quantization_config = {
+        "quant_method": QUANT_METHOD, "bits": spec.label, "weight_bits": spec.weight_bits,
+        "embedding_bits": spec.embedding_bits, "activation_bits": spec.activation_bits,
+        "granularity": spec.granularity, "embedding_granularity": "row", "lm_head": "embedding bits, per row",
+        "packing": {str(k): f"{v} bits per value" for k, v in BITS_PER_VALUE.items()},
+        "activations": "symmetric per tensor, dynamic max-abs scale: linear inputs, q/k/v outputs, attention "
+                       "probabilities", "tensors": shapes}
+    try:
+        config.save_pretrained(folder)
+    finally:
+        del config.quantization_config
+    if getattr(model, "generation_config", None) is not None and config.is_encoder_decoder:
+        model.generation_config.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    return {"quantized_tensors": len(shapes)}
+
+
+def _model_class(config: Any):
+    from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, EncoderDecoderModel
+
+    if config.model_type == "encoder-decoder":
+        return EncoderDecoderModel
+    if getattr(config, "is_encoder_decoder", False):
+        return AutoModelForSeq2SeqLM
+    return AutoModelForSequenceClassification
+
+
+def load_quantized(folder: str | os.PathLike) -> torch.nn.Module:
+    """Rebuild a quantized artifact as a model that computes what the quantized model computed."""
+    from transformers import AutoConfig
+
+    folder = Path(folder)
+    raw = json.loads((folder / "config.json").read_text())
+    qc = raw.get("quantization_config")
+    if not qc or qc.get("quant_method") != QUANT_METHOD:
+        raise UserError(f"{folder} is not a modelshrink-quantized model")
+    config = AutoConfig.from_pretrained(folder)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    check_quantizable(config)
+    cls = _model_class(config)
+    model = cls(config=config) if cls.__name__ == "EncoderDecoderModel" else cls.from_config(config)
+    stored = load_file(str(folder / "model.safetensors"))
+    state = {}
+    for name, info in qc["tensors"].items():
+        shape = info["shape"]
+        numel = 1
+        for d in shape:
+            numel *= d
+        b = unpack(stored[f"{name}.qweight"], info["bits"], numel).reshape(shape)
+        alpha = stored[f"{name}.scale"]
+        alpha = alpha.reshape(-1, 1) if info["per_row"] else alpha.reshape(())
+        state[name] = dequantize(b, alpha)
+    state.update({k: v for k, v in stored.items() if not k.endswith((".qweight", ".scale"))})
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    model.tie_weights()
+    tied = {k for k, v in model.state_dict().items() if k in missing and any(
+        v.data_ptr() == model.state_dict()[s].data_ptr() for s in state if s in model.state_dict())}
+    really_missing = sorted(set(missing) - tied)
+    if really_missing or unexpected:
+        raise UserError(f"{folder}: the quantized checkpoint does not match its config "
+                        f"(missing {really_missing[:3]}, unexpected {list(unexpected)[:3]})")
+    spec = QuantSpec(qc["weight_bits"], qc["embedding_bits"], qc["activation_bits"], qc["granularity"])
+    quantize_model(model, spec, weights=False)  # weights already hold quantized values
+    if getattr(config, "is_encoder_decoder", False) and (folder / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_pretrained(folder)
+    model.modelshrink_quant_spec = spec
+    return model.eval()
+
+
+def strip_parametrizations(model: torch.nn.Module) -> None:
+    """Bake fake-quantized weights into plain weights (for inference after training)."""
+    for module in list(model.modules()):
+        if parametrize.is_parametrized(module, "weight"):
+            parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)

@@ -1,0 +1,195 @@
+"""Quantization surgery (DQ-BART section 2.1): which tensors are quantized, and how.
+
+- Weights of every linear layer: W bits (symmetric linear for 3-8 bits, TWN ternary for 2), per
+  tensor or per output row (`granularity`).
+- Word embeddings: E bits, per row (one scale per token, as the DQ-BART reference code does). The
+  LM head is the output embedding: tied to the word embeddings in BART, T5 v1.0 and bert2bert, so
+  it is quantized with the same E bits, per row, and stored once.
+- Activations: A bits (8 unless the user opts in to less), symmetric per tensor with a dynamic
+  max-abs scale, at the input of every linear layer, at the outputs of the query, key and value
+  projections, and on the attention probabilities.
+- Not quantized, as in the paper: positional embeddings (BART's learned positions, T5's relative
+  position bias, BERT's position and token-type embeddings) and layer norms.
+
+Weights get a parametrization (`torch.nn.utils.parametrize`): the module keeps its class and its
+full-precision latent weight, and every forward pass sees the fake-quantized weight with a
+straight-through gradient, which is what distillation-aware quantization trains. Activations get
+forward hooks; attention probabilities go through a registered attention function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from modelshrink.errors import UserError
+from modelshrink.quant.quantizers import fake_quantize, fake_quantize_activation
+
+ATTENTION_IMPLEMENTATION = "modelshrink_quant"
+SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
+# key and value projections beside each family's query projection
+KEY_VALUE = {"q_proj": ("k_proj", "v_proj"), "q": ("k", "v"), "query": ("key", "value")}
+CLASSIFIER_TYPES = ("bert", "roberta", "distilbert", "electra", "xlm-roberta")
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    weight_bits: int
+    embedding_bits: int
+    activation_bits: int
+    granularity: str = "tensor"  # of linear weights; embeddings are always per row
+
+    @property
+    def label(self) -> str:
+        return f"{self.weight_bits}-{self.embedding_bits}-{self.activation_bits}"
+
+
+def parse_bits(text: str, allow_low_activation_bits: bool = False, granularity: str = "tensor") -> QuantSpec:
+    """'W-E-A' such as 8-8-8, 4-4-8, 2-2-8 → QuantSpec; a UserError for anything else."""
+    parts = text.split("-")
+    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        raise UserError(f"--bits takes W-E-A, three whole numbers such as 8-8-8 or 2-2-8; got '{text}'")
+    w, e, a = (int(p) for p in parts)
+    for value, what in ((w, "weight"), (e, "embedding"), (a, "activation")):
+        if value not in SUPPORTED_BITS:
+            raise UserError(f"--bits {text}: {what} bits must be 2 (ternary) to 8, got {value}")
+    if a < 8 and not allow_low_activation_bits:
+        raise UserError(f"--bits {text}: activations below 8 bits lose much more quality than weights (DQ-BART keeps "
+                        "them at 8); pass --allow-low-activation-bits to try anyway")
+    if granularity not in ("tensor", "row"):
+        raise UserError(f"--granularity must be tensor or row, got {granularity}")
+    return QuantSpec(w, e, a, granularity)
+
+
+class FakeQuant(nn.Module):
+    """A parametrization: the weight as the forward pass sees it, quantized, with STE gradients."""
+
+    def __init__(self, bits: int, per_row: bool):
+        super().__init__()
+        self.bits = bits
+        self.per_row = per_row
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return fake_quantize(weight, self.bits, self.per_row)
+
+
+def _quantize_input(bits: int):
+    def hook(module, args):
+        return (fake_quantize_activation(args[0], bits),) + tuple(args[1:])
+
+    return hook
+
+
+def _quantize_output(bits: int):
+    def hook(module, args, output):
+        return fake_quantize_activation(output, bits)
+
+    return hook
+
+
+def quantized_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                        position_bias: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager attention whose probabilities are fake-quantized to the module's activation bits."""
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if position_bias is not None:
+        scores = scores + position_bias
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    probs = torch.softmax(scores.float(), dim=-1).type_as(scores)
+    probs = fake_quantize_activation(probs, getattr(module, "modelshrink_activation_bits", 8))
+    probs = nn.functional.dropout(probs, p=dropout, training=module.training)
+    out = torch.matmul(probs, value).transpose(1, 2).contiguous()
+    return out, probs
+
+
+def register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(ATTENTION_IMPLEMENTATION, quantized_attention)
+    AttentionMaskInterface.register(ATTENTION_IMPLEMENTATION, eager_mask)  # additive float masks, as eager
+
+
+def check_quantizable(config: Any) -> str:
+    """'seq2seq' or 'classifier'; a UserError for a family without a quantization map."""
+    from modelshrink.families import family_of, supported_families
+
+    if getattr(config, "is_encoder_decoder", False):
+        family_of(config)
+        return "seq2seq"
+    if config.model_type in CLASSIFIER_TYPES:
+        return "classifier"
+    raise UserError(f"no quantization map for model type '{config.model_type}'; supported: {supported_families()}, "
+                    f"and classifiers of type {', '.join(CLASSIFIER_TYPES)}")
+
+
+def word_embeddings(model: nn.Module) -> list[nn.Embedding]:
+    """Every embedding module that holds word (token) embeddings, tied copies included."""
+    weights = {id(model.get_input_embeddings().weight)}
+    decoder = getattr(model, "decoder", None)
+    if decoder is not None and hasattr(decoder, "get_input_embeddings") and decoder.get_input_embeddings() is not None:
+        weights.add(id(decoder.get_input_embeddings().weight))
+    return [m for m in model.modules() if isinstance(m, nn.Embedding) and id(m.weight) in weights]
+
+
+def quantize_model(model: nn.Module, spec: QuantSpec, weights: bool = True) -> dict[str, int]:
+    """Apply the surgery in place; returns how many modules of each kind were changed.
+
+    With `weights=False` only activations and attention are quantized: for a model whose stored
+    weights are already quantized values (loading an artifact), fake-quantizing them again would
+    give the same numbers at a cost."""
+    check_quantizable(model.config)
+    register_attention()
+    head = model.get_output_embeddings()
+    counts = {"linear": 0, "embedding": 0, "lm_head": 0, "qkv_outputs": 0, "attention": 0}
+    for module in word_embeddings(model):
+        if weights:
+            parametrize.register_parametrization(module, "weight", FakeQuant(spec.embedding_bits, per_row=True))
+        counts["embedding"] += 1
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        if weights:
+            if module is head:
+                parametrize.register_parametrization(module, "weight", FakeQuant(spec.embedding_bits, per_row=True))
+            else:
+                parametrize.register_parametrization(module, "weight",
+                                                      FakeQuant(spec.weight_bits, spec.granularity == "row"))
+        counts["lm_head" if module is head else "linear"] += 1
+        module.register_forward_pre_hook(_quantize_input(spec.activation_bits))
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in KEY_VALUE or any(leaf in kv for kv in KEY_VALUE.values()):
+            module.register_forward_hook(_quantize_output(spec.activation_bits))
+            counts["qkv_outputs"] += 1
+    for module in model.modules():
+        if any(isinstance(getattr(module, n, None), nn.Linear) for n in KEY_VALUE):
+            module.modelshrink_activation_bits = spec.activation_bits
+            counts["attention"] += 1
+    model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
+    if counts["linear"] == 0:
+        raise UserError("quantization found no linear layer to quantize in this model")
+    return counts
+
+
+def latent_weights(model: nn.Module) -> dict[str, tuple[torch.Tensor, int, bool]]:
+    """Canonical parameter name → (latent full-precision weight, bits, per_row) of every quantized
+    weight, each tensor once (tied weights share one entry)."""
+    seen: dict[int, str] = {}
+    found = {}
+    for name, module in model.named_modules():
+        if not parametrize.is_parametrized(module, "weight"):
+            continue
+        latent = module.parametrizations.weight.original
+        quant = module.parametrizations.weight[0]
+        if id(latent) in seen:
+            continue
+        seen[id(latent)] = name
+        found[f"{name}.weight" if name else "weight"] = (latent, quant.bits, quant.per_row)
+    return found
