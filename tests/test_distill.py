@@ -202,3 +202,37 @@ def test_two_process_accelerate_launch_writes_one_artifact(saved_models, pairs, 
     manifest = read_manifest(out)
     assert manifest["resolved"]["processes"] == 2 and manifest["metrics"]["steps"] == 4
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".ddp", "ddp"))) == ["ddp"]
+
+
+def test_token_budget_batches_respect_the_budget_and_cover_every_example():
+    from modelshrink.train import TrainOptions, make_batches
+
+    lengths = [5, 40, 12, 33, 7, 21, 64, 3, 18, 50] * 7
+    options = TrainOptions(max_steps=1, batch_size=4, max_tokens=100, seed=3)
+    batches = make_batches(lengths, options, epoch=0)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert all(max(lengths[i] for i in b) * len(b) <= 100 or len(b) == 1 for b in batches)
+    assert batches == make_batches(lengths, options, epoch=0) != make_batches(lengths, options, epoch=1)
+    fixed = make_batches(lengths, TrainOptions(max_steps=1, batch_size=4, seed=3), epoch=0)
+    assert [len(b) for b in fixed[:-1]] == [4] * (len(fixed) - 1)
+
+
+def test_early_stopping_and_best_checkpoint(saved_models, pairs, tmp_path, monkeypatch):
+    import modelshrink.distill as d
+
+    scores = iter([5.0, 7.0, 6.0, 6.5, 9.0, 9.0])
+
+    def fake_validate(*args, **kwargs):
+        def validate(model):
+            value = next(scores)
+            return {"rouge1": value, "rouge2": value, "rougeL": value, "rougeLsum": value}
+        return validate
+
+    monkeypatch.setattr(d, "make_validate", fake_validate)
+    out = distill(_opts(pairs, teacher=str(saved_models["bart"]), max_steps=10, validation=str(pairs),
+                        eval_every=1, early_stopping=2), tmp_path / "s")
+    events = [e for e in _log(out) if e.get("event") == "validation"]
+    # 5 → 7 (best, step 2) → 6 → 6.5: two validations without gain stop the run at step 4
+    assert [e["step"] for e in events] == [1, 2, 3, 4] and events[-1]["best_step"] == 2
+    assert json.loads((out / "validation.json").read_text())["step"] == 2
+    assert read_manifest(out)["metrics"]["steps"] == 4

@@ -50,7 +50,7 @@ def warmstart_artifact(encoder: str, output: Path, overwrite: bool = False, seed
 class QuickstartBudget:
     """How much work each step does; the defaults fit about 15 minutes on 2 CPU cores."""
 
-    teacher_steps: int = 150
+    teacher_steps: int = 300
     student_steps: int = 60
     quantize_steps: int = 30
     quantize_bits: tuple[str, ...] = ("8-8-8", "2-2-8")

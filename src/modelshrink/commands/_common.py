@@ -94,6 +94,14 @@ class DocsProgress:
         return update
 
 
+def stderr_console():
+    """A rich console on stderr; when stderr is not a terminal (CI logs, pipes) it is 160 columns
+    wide instead of rich's 80, so tables are not cut."""
+    from rich.console import Console
+
+    return Console(file=sys.stderr, width=None if sys.stderr.isatty() else 160)
+
+
 def log(message: str) -> None:
     typer.echo(message, err=True)
 

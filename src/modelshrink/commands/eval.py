@@ -10,7 +10,7 @@ import typer
 
 from modelshrink.commands._common import (GEN_PANEL as GEN, DocsProgress, LengthPenalty, MaxLength,
                                          MaxSourceLength, MinLength, NoRepeatNgramSize, NumBeams, emit,
-                                         handle_errors, fail, log)
+                                         handle_errors, fail, log, stderr_console)
 
 EPILOG = """\
 **Examples**
@@ -37,7 +37,6 @@ COLS = "Columns"
 
 
 def _print_table(metrics: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"eval: {metrics['task']}, {metrics['documents']} documents")
@@ -81,11 +80,10 @@ def _print_table(metrics: dict[str, Any]) -> None:
                      ("throughput_docs_per_s", "{:.2f}/s"), ("peak_memory_bytes", "{:,}")):
         if eff.get(key) is not None:
             table.add_row(key.replace("_", " "), fmt.format(eff[key]), "")
-    Console(stderr=True).print(table)
+    stderr_console().print(table)
 
 
 def _print_comparison(result: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from modelshrink.compare import QUALITY
@@ -97,14 +95,15 @@ def _print_comparison(result: dict[str, Any]) -> None:
         table.add_column(column, justify="right")
     for row in result["systems"]:
         cells = []
+        name = row["name"].removeprefix("eval-")
         for key in keys:
             p = row["p_vs_first"].get(key, row["p_vs_first"].get("correct"))
             cells.append("-" if row[key] is None else f"{row[key]:.2f}{'*' if p is not None and p < 0.05 else ''}")
-        table.add_row(row["name"], *cells, "-" if row["length_words"] is None else f"{row['length_words']:.1f}",
+        table.add_row(name, *cells, "-" if row["length_words"] is None else f"{row['length_words']:.1f}",
                       "-" if row["parameters"] is None else f"{row['parameters']:,}",
                       "-" if row["bytes_on_disk"] is None else f"{row['bytes_on_disk'] / 1e6:.1f}",
                       "-" if row["latency_ms_p50"] is None else f"{row['latency_ms_p50']:.1f}")
-    Console(stderr=True).print(table)
+    stderr_console().print(table)
 
 
 def eval_command(

@@ -13,7 +13,7 @@ from modelshrink.commands._common import DocsProgress, emit, handle_errors, log
 def quickstart(
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the chain's artifacts.")] = Path(
         "modelshrink-quickstart"),
-    teacher_steps: Annotated[int, typer.Option(help="Fine-tuning steps of the teacher.", min=1)] = 150,
+    teacher_steps: Annotated[int, typer.Option(help="Fine-tuning steps of the teacher.", min=1)] = 300,
     student_steps: Annotated[int, typer.Option(help="Training steps of each student.", min=1)] = 60,
     quantize_steps: Annotated[int, typer.Option(help="Distillation-aware quantization steps (8-8-8, 2-2-8).",
                                                 min=1)] = 30,
