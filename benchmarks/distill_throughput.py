@@ -31,9 +31,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-MARK_BEGIN = "<!-- distill_throughput:begin -->"
-MARK_END = "<!-- distill_throughput:end -->"
+from _report import write_section
+
 
 
 def modelshrink_run(student: Path, teacher: Path, data: Path, work: Path, args, kd: bool) -> float:
@@ -143,17 +142,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
-        path = ROOT / "BENCHMARKS.md"
-        current = path.read_text()
-        block = f"{MARK_BEGIN}\n{text}\n{MARK_END}"
-        if MARK_BEGIN in current:
-            before, rest = current.split(MARK_BEGIN, 1)
-            current = before + block + rest.split(MARK_END, 1)[1]
-        else:
-            current = (current.rstrip() + "\n\n## distill: training throughput against Seq2SeqTrainer\n\n"
-                       "Target (issue 4): at least 0.95× the tokens/s of a plain Hugging Face `Seq2SeqTrainer` on the "
-                       "same model, data and batch.\n\n" + block + "\n")
-        path.write_text(current)
+        write_section("distill_throughput", "distill: training throughput against Seq2SeqTrainer", text)
 
 
 if __name__ == "__main__":

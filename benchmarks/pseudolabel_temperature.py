@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
+from _report import write_section
+
 ROOT = Path(__file__).resolve().parents[1]
 DEBIAN = ROOT.parent / "shared" / "data" / "debian-descriptions" / "validation.jsonl.gz"
-MARK_BEGIN = "<!-- pseudolabel_temperature:begin -->"
-MARK_END = "<!-- pseudolabel_temperature:end -->"
 
 SETTINGS = {
     "λ = 1 (regular)": dict(lam=1.0),
@@ -97,20 +97,7 @@ def main() -> None:
     text = "\n".join(table)
     print(text)
     if not args.no_write:
-        write_section(text)
-
-
-def write_section(text: str) -> None:
-    path = ROOT / "BENCHMARKS.md"
-    current = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{MARK_BEGIN}\n{text}\n{MARK_END}"
-    if MARK_BEGIN in current:
-        before, rest = current.split(MARK_BEGIN, 1)
-        after = rest.split(MARK_END, 1)[1]
-        current = before + block + after
-    else:
-        current = current.rstrip() + "\n\n## PLATE attention temperature: cost at generation time\n\n" + block + "\n"
-    path.write_text(current)
+        write_section("pseudolabel_temperature", "PLATE attention temperature: cost at generation time", text)
 
 
 if __name__ == "__main__":

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
+from _report import write_section
+
 ROOT = Path(__file__).resolve().parents[1]
 DEBIAN = ROOT.parent / "shared" / "data" / "debian-descriptions" / "validation.jsonl.gz"
-MARK_BEGIN = "<!-- quantize_footprint:begin -->"
-MARK_END = "<!-- quantize_footprint:end -->"
 
 
 def main() -> None:
@@ -86,17 +86,10 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
-        path = ROOT / "BENCHMARKS.md"
-        current = path.read_text()
-        block = f"{MARK_BEGIN}\n{text}\n{MARK_END}"
-        if MARK_BEGIN in current:
-            before, rest = current.split(MARK_BEGIN, 1)
-            current = before + block + rest.split(MARK_END, 1)[1]
-        else:
-            current = current.rstrip() + "\n\n## quantize: footprint and quality\n\n" + block + "\n"
-        path.write_text(current)
-        (work / "results.json").write_text(json.dumps({"sizes": size_rows, "quality": {k: {kk: v[kk] for kk in (
-            "rouge1", "rouge2", "rougeL")} for k, v in quality.items()}}, indent=2))
+        write_section("quantize_footprint", "quantize: footprint and quality", text)
+        (Path(tempfile.gettempdir()) / "quantize_footprint.json").write_text(json.dumps(
+            {"sizes": size_rows, "quality": {k: {kk: v[kk] for kk in ("rouge1", "rouge2", "rougeL")}
+                                             for k, v in quality.items()}}, indent=2))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from modelshrink import __version__
-from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
+from modelshrink.artifacts import RUN_FILE, ArtifactWriter, parent_ref, pin_run, read_manifest
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
 from modelshrink.train import TrainOptions, TrainResult, train
@@ -365,19 +365,9 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
                                                   ("validation", options.validation)) if spec]
     if main:
         writer.open()
-        run_file = writer.staging / "run.partial.json"
-        run = {"options": {k: v for k, v in options.recorded().items()
-                           if k not in ("max_steps", "epochs", "eval_every", "save_every", "log_every", "device",
-                                        "early_stopping")}, "parents": parents}
-        if run_file.exists():
-            before = json.loads(run_file.read_text())
-            changed = sorted(k for k in set(before["options"]) | set(run["options"])
-                             if before["options"].get(k) != run["options"].get(k))
-            changed += [p["role"] + " content" for p, q in zip(run["parents"], before["parents"]) if p != q]
-            if changed:
-                raise UserError(f"the unfinished run in {writer.staging} used other options or inputs "
-                                f"({', '.join(changed)}); repeat them, or pass --overwrite to start over")
-        run_file.write_text(json.dumps(run, indent=2))
+        # A resumed run may extend its budget or change how often it logs, validates and saves.
+        pin_run(writer.staging, options.recorded(), parents,
+                may_change=("max_steps", "epochs", "eval_every", "save_every", "log_every", "device", "early_stopping"))
     accelerator.wait_for_everyone()
     staging = writer.staging
 
@@ -416,7 +406,7 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
         save(student, tokenizer, staging)
     for leftover in ("best", "checkpoints"):
         shutil.rmtree(staging / leftover, ignore_errors=True)
-    (staging / "run.partial.json").unlink(missing_ok=True)
+    (staging / RUN_FILE).unlink(missing_ok=True)
     metrics = _metrics(student, teacher_params=_params(built["teacher"]), result=result)
     if describe is not None:
         metrics.update(describe(staging, student, metrics))

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
+from modelshrink.artifacts import RUN_FILE, ArtifactWriter, parent_ref, pin_run, read_manifest
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
 from modelshrink.generation import generate, plan_batches, resolve_generation
@@ -26,7 +26,6 @@ from modelshrink.models import default_source_length, load_seq2seq, resolve_devi
 from modelshrink.plate import attention_temperature, lambdas_by_kind
 
 WORK_FILE = "rows.partial.jsonl"
-RUN_FILE = "run.partial.json"
 
 
 @dataclass
@@ -173,19 +172,8 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     parents = [parent_ref("teacher", options.teacher), parent_ref("data", options.data)]
 
     staging = writer.open()
-    run_file, work_file = staging / RUN_FILE, staging / WORK_FILE
-    # What --resume must match: the options (the device may change) and the inputs' content.
-    run = {"options": {k: v for k, v in recorded.items() if k != "device"}, "parents": parents}
-    if run_file.exists():
-        before = json.loads(run_file.read_text())
-        changed = sorted(k for k in set(before["options"]) | set(run["options"])
-                         if before["options"].get(k) != run["options"].get(k))
-        changed += [p["role"] + " content" for p, q in zip(run["parents"], before["parents"]) if p != q]
-        if changed:
-            raise UserError(f"the unfinished run in {staging} used other options or inputs ({', '.join(changed)}); "
-                            "repeat it with the same ones, or pass --overwrite to start over")
-    else:
-        run_file.write_text(json.dumps(run, indent=2))
+    work_file = staging / WORK_FILE
+    pin_run(staging, recorded, parents, may_change=("device",))
     done = _read_done(work_file)
     if progress:
         progress(len(done), total)
@@ -234,7 +222,7 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
             empty += not row["summary"]
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
     work_file.unlink()
-    run_file.unlink()
+    (staging / RUN_FILE).unlink()
     if empty:
         log(f"warning: the teacher wrote {empty} empty summaries (of {total})")
     metrics = {
