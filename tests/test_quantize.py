@@ -162,6 +162,27 @@ def test_classifier_direct_quantization(classifier_path, tmp_path):
     assert model.config.model_type == "bert" and read_manifest(out)["resolved"]["kind"] == "classifier"
 
 
+def test_classifier_distillation_aware_quantization(classifier_path, tmp_path):
+    rows = [{"id": f"s{i}", "sentence": d, "label": i % 2} for i, d in enumerate(DOCUMENTS)]
+    data = write_jsonl(tmp_path / "sst.jsonl", rows)
+    result = runner.invoke(app, ["quantize", str(classifier_path), "-o", str(tmp_path / "q"), "--bits", "2-2-8",
+                                 "--data", str(data), "--max-steps", "3", "--batch-size", "4", "--log-every", "1",
+                                 "--validation", str(data), "--device", "cpu"])
+    assert result.exit_code == 0, result.stderr
+    out = tmp_path / "q"
+    manifest = read_manifest(out)
+    assert manifest["step"] == "quantize" and manifest["resolved"]["kind"] == "classifier"
+    assert manifest["metrics"]["steps"] == 3 and "accuracy" in manifest["metrics"]["validation"]
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines() if "kd_logits" in x]
+    assert log[-1]["kd_logits"] >= 0 and log[-1]["kd_hidden"] > 0 and log[-1]["kd_attention"] >= 0
+    evaluated = runner.invoke(app, ["eval", str(out), str(data), "-o", str(tmp_path / "e"), "--latency-docs", "0",
+                                    "--json"])
+    assert evaluated.exit_code == 0 and "accuracy" in json.loads(evaluated.stdout)
+    bad = runner.invoke(app, ["quantize", str(classifier_path), "-o", str(tmp_path / "b"), "--data", str(data),
+                              "--max-steps", "1", "--decoder-layers", "1"])
+    assert bad.exit_code == 1 and "do not apply to classifiers" in bad.stderr
+
+
 @pytest.mark.parametrize("bits, message", [
     ("1-8-8", "weight bits must be 2 (ternary) to 8, got 1"),
     ("9-8-8", "got 9"),

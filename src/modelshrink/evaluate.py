@@ -373,60 +373,26 @@ def _summarize_with_model(options: EvalOptions, source: DataSource, output: Path
     return rows, efficiency, extra, tokenizer
 
 
-def _classify_with_model(options: EvalOptions, task: str, source: DataSource, progress: ProgressFn | None,
+def _classify_with_model(options: EvalOptions, task: str, progress: ProgressFn | None,
                          log: LogFn) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     from modelshrink.efficiency import latency, parameter_count, peak_memory, reset_peak_memory, weight_bytes
     from modelshrink.models import load_classifier, resolve_device
 
-    columns = source.columns
-    text_column = options.text_column or next((c for c in ("sentence", "text", "sentence1", "question", "document")
-                                               if c in columns), None)
-    label_column = options.label_column or "label"
-    for name, flag in ((text_column, "--text-column"), (label_column, "--label-column"),
-                       (options.text_pair_column, "--text-pair-column")):
-        if name is not None and name not in columns:
-            raise UserError(f"{options.data} has no column '{name}'; columns found: {', '.join(columns)}")
-        if name is None and flag == "--text-column":
-            raise UserError(f"{options.data} has no text column; columns found: {', '.join(columns)}; "
-                            "name one with --text-column")
+    from modelshrink.classify import predict, read_labeled
+
     device = resolve_device(options.device)
     model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, device)
-    label2id = {str(k): v for k, v in (model.config.label2id or {}).items()}
-    items = []
-    for index, row in enumerate(source.rows()):
-        if options.limit is not None and index >= options.limit:
-            break
-        label = row.get(label_column)
-        if task == "classification":
-            if isinstance(label, str) and label in label2id:
-                label = label2id[label]
-            if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not \
-                    0 <= int(label) < model.config.num_labels:
-                raise UserError(f"{options.data}: row {index + 1} has label {label!r}; the model predicts "
-                                f"{model.config.num_labels} classes (0..{model.config.num_labels - 1})")
-            label = int(label)
-        elif not isinstance(label, (int, float)):
-            raise UserError(f"{options.data}: row {index + 1} has label {label!r}; expected a number")
-        items.append({"id": _row_id(row, index, options.id_column), "text": row[text_column],
-                      "text_pair": row[options.text_pair_column] if options.text_pair_column else None,
-                      "label": label})
-    if not items:
-        raise UserError(f"data {options.data} has no rows")
-
-    def predict(batch: list[dict[str, Any]]) -> list[Any]:
-        pairs = [b["text_pair"] for b in batch] if options.text_pair_column else None
-        enc = tokenizer([b["text"] for b in batch], pairs, truncation=True, padding=True, return_tensors="pt")
-        with torch.inference_mode():
-            logits = model(**{k: v.to(device) for k, v in enc.items()}).logits
-        if task == "regression":
-            return [float(x) for x in logits[:, 0].tolist()]
-        return [int(x) for x in logits.argmax(-1).tolist()]
-
+    items = read_labeled(options.data, split=options.split, text_column=options.text_column,
+                         text_pair_column=options.text_pair_column, label_column=options.label_column,
+                         id_column=options.id_column, limit=options.limit, num_labels=model.config.num_labels,
+                         label2id=model.config.label2id, task=task)
+    text_column = options.text_column or "auto"
+    label_column = options.label_column or "label"
     reset_peak_memory(device)
     started = time.perf_counter()
     for start in range(0, len(items), options.batch_size):
         batch = items[start:start + options.batch_size]
-        for item, prediction in zip(batch, predict(batch)):
+        for item, prediction in zip(batch, predict(model, tokenizer, batch, len(batch), device)):
             item["prediction"] = prediction
         if progress:
             progress(min(start + options.batch_size, len(items)), len(items))
@@ -437,7 +403,8 @@ def _classify_with_model(options: EvalOptions, task: str, source: DataSource, pr
                                   **peak_memory(device)}
     if options.latency_docs:
         efficiency.update({k: round(v, 3) if isinstance(v, float) else v
-                           for k, v in latency(lambda item: predict([item]), items[:options.latency_docs]).items()})
+                           for k, v in latency(lambda item: predict(model, tokenizer, [item], 1, device),
+                                               items[:options.latency_docs]).items()})
     rows = [{"id": i["id"], "text": i["text"], **({"text_pair": i["text_pair"]} if i["text_pair"] is not None else {}),
              "prediction": i["prediction"], "label": i["label"]} for i in items]
     return rows, efficiency, {"text_column": text_column, "label_column": label_column}
@@ -516,7 +483,7 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
                 metrics["settings"]["generation"] = extra["generation"]
         else:
             if options.model is not None:
-                rows, efficiency, extra = _classify_with_model(options, task, source, progress, log)
+                rows, efficiency, extra = _classify_with_model(options, task, progress, log)
                 resolved.update(extra)
             else:
                 rows, task = _labels_from_file(source, options)

@@ -99,9 +99,11 @@ def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = 
             return writer.commit(step="quantize", kind="model", options=options.recorded(),
                                  parents=[parent_ref("model", options.model)], metrics=metrics,
                                  resolved={"bits": asdict(spec), "kind": kind})
+    classifier_keys = ("text_column", "text_pair_column", "label_column")
     if kind != "seq2seq":
-        raise UserError("--method distill is for seq2seq models today; quantize a classifier with --method direct "
-                        "(distillation-aware training of classifiers comes with `contrastive`)")
+        return _quantize_classifier(options, output, overwrite=overwrite, resume=resume, progress=progress, log=log)
+    if any(options.training.get(k) for k in ("text_pair_column", "label_column")):
+        raise UserError("--text-pair-column / --label-column are for classifiers; this is a seq2seq model")
     from modelshrink.distill import DistillOptions, distill
 
     teacher = options.teacher or options.model
@@ -110,7 +112,8 @@ def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = 
     distill_options = DistillOptions(data=options.data, teacher=teacher,
                                      student=None if shrinking else options.model, device=options.device,
                                      trust_remote_code=options.trust_remote_code,
-                                     **{**defaults, **options.training})
+                                     **{**defaults, **{k: v for k, v in options.training.items()
+                                                       if k not in classifier_keys[1:]}})
     teacher_params = parameter_count(load_seq2seq(teacher, "teacher", options.trust_remote_code)[0])
     counts: dict[str, int] = {}
 
@@ -126,10 +129,118 @@ def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = 
                    describe=describe, recorded=options.recorded())
 
 
+CLASSIFIER_TRAINING = ("kd_logits_weight", "kd_hidden", "kd_attention", "max_steps", "epochs", "lr", "warmup_steps",
+                       "batch_size", "grad_accum", "seed", "validation", "eval_every", "eval_limit", "save_every",
+                       "log_every", "max_source_length", "limit", "text_column", "text_pair_column", "label_column",
+                       "label_smoothing")
+
+
+def _quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwrite: bool, resume: bool,
+                         progress: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None]) -> Path:
+    """Distillation-aware quantization of a sequence classifier: the full-precision classifier teaches
+    its quantized copy (task loss + MSE on logits, hidden states and attention), through the shared loop."""
+    import json
+    import shutil
+
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    from modelshrink import classify
+    from modelshrink.artifacts import pin_run
+    from modelshrink.distill import _same_tokenizer
+    from modelshrink.efficiency import parameter_count
+    from modelshrink.models import load_classifier, resolve_device, task_of
+    from modelshrink.quant.model import save_quantized
+    from modelshrink.train import TrainOptions, train
+
+    t = dict(options.training)
+    unknown = sorted(set(t) - set(CLASSIFIER_TRAINING))
+    if unknown:
+        raise UserError(f"{', '.join('--' + k.replace('_', '-') for k in unknown)} do not apply to classifiers")
+    spec = options.spec
+    device = resolve_device(options.device)
+    accelerator = Accelerator(cpu=device == "cpu",
+                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    writer = ArtifactWriter(output, overwrite=overwrite, resume=resume, keep_on_failure=True)
+    writer.check()
+    accelerator.wait_for_everyone()
+    teacher_spec = options.teacher or options.model
+    teacher, teacher_tok = load_classifier(teacher_spec, "teacher", options.trust_remote_code, "cpu")
+    student, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, "cpu")
+    why = _same_tokenizer(teacher_tok, tokenizer)
+    if why:
+        raise UserError(f"teacher and student tokenizers differ ({why}); the distillation losses need the same one")
+    if teacher.config.num_labels != student.config.num_labels:
+        raise UserError(f"teacher has {teacher.config.num_labels} labels, the model {student.config.num_labels}")
+    task = task_of(student.config)
+    read = dict(text_column=t.get("text_column"), text_pair_column=t.get("text_pair_column"),
+                label_column=t.get("label_column"), num_labels=student.config.num_labels,
+                label2id=student.config.label2id, task=task)
+    rows = classify.read_labeled(options.data, limit=t.get("limit"), **read)
+    validation = classify.read_labeled(t["validation"], limit=t.get("eval_limit", 200), **read) \
+        if t.get("validation") else None
+    from modelshrink.shrink import spaced_layer_ids
+
+    n_teacher, n_student = teacher.config.num_hidden_layers, student.config.num_hidden_layers
+    layer_map = spaced_layer_ids(n_teacher, n_student, "encoder")
+    teacher_params = parameter_count(teacher)
+    counts = quantize_model(student, spec)
+    if t.get("kd_attention", 1.0):
+        teacher.set_attn_implementation("eager")  # the student's quantized attention returns its weights
+    teacher.to(accelerator.device).eval()
+    max_length = t.get("max_source_length") or min(getattr(tokenizer, "model_max_length", 512) or 512, 512)
+    parents = [parent_ref("model", options.model), parent_ref("data", options.data)] + (
+        [parent_ref("teacher", options.teacher)] if options.teacher else [])
+    if accelerator.is_main_process:
+        writer.open()
+        pin_run(writer.staging, options.recorded(), parents,
+                may_change=("max_steps", "epochs", "eval_every", "save_every", "log_every", "device"))
+    accelerator.wait_for_everyone()
+    staging = writer.staging
+    train_options = TrainOptions(metric="accuracy" if task == "classification" else "pearson", device=options.device,
+                                 **{k: t[k] for k in ("max_steps", "epochs", "lr", "warmup_steps", "batch_size",
+                                                      "grad_accum", "seed", "eval_every", "save_every", "log_every")
+                                    if k in t})
+
+    def save_best(model: Any, folder: Path) -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+        save_quantized(model, tokenizer, folder, spec)
+
+    result = train(student, classify.tokenize_labeled(rows, tokenizer, max_length),
+                   classify.make_collate(tokenizer.pad_token_id),
+                   classify.make_loss(teacher, t.get("kd_logits_weight", 1.0), t.get("kd_hidden", 1.0),
+                                      t.get("kd_attention", 1.0), layer_map, t.get("label_smoothing", 0.0)),
+                   train_options, staging, accelerator=accelerator,
+                   validate=classify.make_validate(validation, tokenizer, train_options.batch_size,
+                                                   accelerator.device, max_length) if validation else None,
+                   save_best=save_best, resume=resume, progress=progress, log=log)
+    student = accelerator.unwrap_model(student)
+    if not accelerator.is_main_process:
+        return Path(output)
+    best = staging / "best"
+    if result.best is not None and best.is_dir():
+        for f in best.iterdir():
+            shutil.move(str(f), staging / f.name)
+    else:
+        save_quantized(student, tokenizer, staging, spec)
+    for leftover in ("best", "checkpoints"):
+        shutil.rmtree(staging / leftover, ignore_errors=True)
+    (staging / "run.partial.json").unlink(missing_ok=True)
+    metrics = {**storage_metrics(staging, student, teacher_params), "modules": counts, "steps": result.steps,
+               "tokens_per_second": result.tokens_per_second, "final_loss": result.final_loss}
+    if result.validation is not None:
+        metrics["validation"] = {"step": result.best["step"], **result.validation}
+        (staging / "validation.json").write_text(json.dumps(metrics["validation"], indent=2) + "\n")
+    (staging / "README.md").write_text(_card(output, options, metrics))
+    return writer.commit(step="quantize", kind="model", options=options.recorded(), parents=parents, metrics=metrics,
+                         resolved={"bits": asdict(spec), "kind": "classifier", "task": task, "layer_map": layer_map})
+
+
 def _card(output: str | Path, options: QuantizeOptions, metrics: dict[str, Any]) -> str:
     return "\n".join([
         f"# {Path(output).name}", "",
-        f"`{options.model}` quantized by modelshrink (`quantize --method direct --bits {options.bits}`). The weights "
+        f"`{options.model}` quantized by modelshrink (`quantize --method {options.method} --bits {options.bits}`). "
+        "The weights "
         "are stored as integers; load it with modelshrink (`eval`, `export`, or `modelshrink.quant.model."
         "load_quantized`): plain `transformers.from_pretrained` stops at its `quantization_config`.", "",
         f"Parameters: {metrics['parameters']:,}. Bytes on disk: {metrics['bytes_on_disk']:,} "

@@ -31,8 +31,8 @@ TRAIN = "Training (--method distill; as in distill)"
 
 
 def quantize_command(
-    model: Annotated[str, typer.Argument(help="A trained full-precision model: seq2seq, or a BERT-style classifier "
-                                              "(direct only).")],
+    model: Annotated[str, typer.Argument(help="A trained full-precision model: seq2seq, or a BERT-style "
+                                              "classifier.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write the quantized artifact to.")],
     bits: Annotated[str, typer.Option(help="W-E-A: bits of linear weights, word embeddings, activations. 2 = ternary "
                                            "(TWN), 3-8 = symmetric linear.")] = "8-8-8",
@@ -65,8 +65,15 @@ def quantize_command(
     save_every: Annotated[Optional[int], typer.Option(help="Checkpoint every N steps.", rich_help_panel=TRAIN)] = None,
     log_every: Annotated[int, typer.Option(help="Log every N steps.", rich_help_panel=TRAIN)] = 10,
     max_source_length: Annotated[Optional[int], typer.Option(help="Truncate documents.", rich_help_panel=TRAIN)] = None,
-    max_target_length: Annotated[int, typer.Option(help="Truncate summaries.", rich_help_panel=TRAIN)] = 128,
+    max_target_length: Annotated[Optional[int], typer.Option(help="Truncate summaries. [default: 128]",
+                                                             rich_help_panel=TRAIN)] = None,
     limit: Annotated[Optional[int], typer.Option(help="First N training pairs.", rich_help_panel=TRAIN)] = None,
+    text_column: Annotated[Optional[str], typer.Option(help="Document / sentence column. [default: auto]",
+                                                       rich_help_panel=TRAIN)] = None,
+    text_pair_column: Annotated[Optional[str], typer.Option(help="Classifiers: second sentence of a pair.",
+                                                            rich_help_panel=TRAIN)] = None,
+    label_column: Annotated[Optional[str], typer.Option(help="Classifiers: the label column. [default: label]",
+                                                        rich_help_panel=TRAIN)] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, or auto.")] = "auto",
     resume: Annotated[bool, typer.Option(help="Continue an interrupted --method distill run.")] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output.")] = False,
@@ -85,7 +92,8 @@ def quantize_command(
                     max_steps=max_steps, epochs=epochs, lr=lr, warmup_steps=warmup_steps, batch_size=batch_size,
                     grad_accum=grad_accum, seed=seed, validation=validation, eval_every=eval_every,
                     eval_limit=eval_limit, save_every=save_every, log_every=log_every,
-                    max_source_length=max_source_length, max_target_length=max_target_length, limit=limit)
+                    max_source_length=max_source_length, max_target_length=max_target_length, limit=limit,
+                    text_column=text_column, text_pair_column=text_pair_column, label_column=label_column)
     with handle_errors(resume_hint="Run the same command with --resume (needs --save-every)."):
         options = QuantizeOptions(model=model, bits=bits, method=method, granularity=granularity,
                                   allow_low_activation_bits=allow_low_activation_bits, teacher=teacher, data=data,
