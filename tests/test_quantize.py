@@ -13,7 +13,7 @@ from conftest import DOCUMENTS, SUMMARIES, bart_tokenizer, build, write_jsonl
 from modelshrink.artifacts import read_manifest, staging_path
 from modelshrink.cli import app
 from modelshrink.errors import UserError
-from modelshrink.quant.model import load_quantized, save_quantized
+from modelshrink.quant.model import WEIGHTS_NAME, load_quantized, save_quantized
 from modelshrink.quant.modules import parse_bits, quantize_model
 from modelshrink.quant.packing import packed_bytes
 from modelshrink.quantize import QuantizeOptions, quantize
@@ -73,7 +73,7 @@ def test_bytes_on_disk_match_the_theoretical_count(bits, tmp_path):
     quantize_model(model, spec)
     save_quantized(model, bart_tokenizer(), tmp_path, spec)
     info = json.loads((tmp_path / "config.json").read_text())["quantization_config"]["tensors"]
-    header, data_bytes = _header_and_data(tmp_path / "model.safetensors")
+    header, data_bytes = _header_and_data(tmp_path / WEIGHTS_NAME)
     theory = 0
     for name, t in info.items():
         numel = 1
@@ -87,7 +87,7 @@ def test_bytes_on_disk_match_the_theoretical_count(bits, tmp_path):
             numel *= d
         theory += 4 * numel
     assert abs(data_bytes - theory) / theory < 0.02
-    file_bytes = (tmp_path / "model.safetensors").stat().st_size
+    file_bytes = (tmp_path / WEIGHTS_NAME).stat().st_size
     assert abs(file_bytes - theory) / theory < 0.02  # the header is small beside the weights
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     ratio = 4 * params / file_bytes
@@ -148,11 +148,11 @@ def test_shrink_and_quantize_at_once(saved_models, tmp_path):
                                    training=dict(max_steps=2, batch_size=4, decoder_layers=1)), tmp_path / "q")
     m = read_manifest(out)
     assert m["resolved"]["layer_map"]["decoder"] == [1] and m["metrics"]["compression_ratio"] > 1
-    assert "plain `transformers.from_pretrained` stops" in (out / "README.md").read_text()
+    assert "plain `transformers.from_pretrained` finds no weights file" in (out / "README.md").read_text()
     result = runner.invoke(app, ["eval", str(out), str(pairs), "-o", str(tmp_path / "e"), "--latency-docs", "1"])
     assert result.exit_code == 0, result.stderr
     assert json.loads((tmp_path / "e" / "metrics.json").read_text())["efficiency"]["bytes_on_disk"] == \
-        (out / "model.safetensors").stat().st_size
+        (out / WEIGHTS_NAME).stat().st_size
 
 
 def test_classifier_direct_quantization(classifier_path, tmp_path):
@@ -210,3 +210,16 @@ def test_other_bad_input(saved_models, tmp_path):
     with pytest.raises(UserError, match="cannot teach itself"):
         quantize(QuantizeOptions(model=str(q), data="x.jsonl", training=dict(max_steps=1)), tmp_path / "o2")
     assert parse_bits("8-8-4", allow_low_activation_bits=True).activation_bits == 4
+
+
+def test_plain_transformers_refuses_a_quantized_artifact(tmp_path):
+    from transformers import AutoModelForSeq2SeqLM
+
+    model, tok = build("bart", wide=False)
+    spec = parse_bits("2-2-8")
+    quantize_model(model, spec)
+    save_quantized(model, tok, tmp_path, spec)
+    with pytest.raises(Exception) as raised:  # never a model with random weights and a warning
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    assert "modelshrink" in str(raised.value) or "model.safetensors" in str(raised.value) or \
+        "no file named" in str(raised.value).lower()

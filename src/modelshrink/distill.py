@@ -468,7 +468,7 @@ def model_card(options: DistillOptions, output: Path, origin: dict[str, Any], me
              f"Made by modelshrink {__version__} (`{step}`) on "
              f"{_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d')}. "
              + ("Weights stored as integers: load with modelshrink (`eval`, `export`, `modelshrink.quant.model."
-                "load_quantized`); plain `transformers.from_pretrained` stops at its `quantization_config`."
+                "load_quantized`); plain `transformers.from_pretrained` finds no weights file it knows and fails."
                 if step == "quantize" else "A `save_pretrained` folder: plain `transformers` loads it."),
              "", "## Base model", ""]
     if "teacher" in origin and "layer_map" in origin:

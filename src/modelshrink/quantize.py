@@ -242,6 +242,6 @@ def _card(output: str | Path, options: QuantizeOptions, metrics: dict[str, Any])
         f"`{options.model}` quantized by modelshrink (`quantize --method {options.method} --bits {options.bits}`). "
         "The weights "
         "are stored as integers; load it with modelshrink (`eval`, `export`, or `modelshrink.quant.model."
-        "load_quantized`): plain `transformers.from_pretrained` stops at its `quantization_config`.", "",
+        "load_quantized`): plain `transformers.from_pretrained` finds no weights file it knows and fails.", "",
         f"Parameters: {metrics['parameters']:,}. Bytes on disk: {metrics['bytes_on_disk']:,} "
         f"({metrics['compression_ratio']}× smaller than the float32 model).", ""])

@@ -1,12 +1,13 @@
 """Quantized artifacts that are small on disk: integers, not fake-quantized floats.
 
-`model.safetensors` holds, for every quantized weight, `NAME.qweight` (the integers packed: int8 at
+`modelshrink-quantized.safetensors` holds, for every quantized weight, `NAME.qweight` (the integers packed: int8 at
 8 bits, two per byte at 3-4 bits, five ternary digits per byte at 2 bits) and `NAME.scale` (α, per
 tensor or per row, float32); every other tensor (positional embeddings, norms, biases) as it was.
 config.json carries `quantization_config` (quant_method "modelshrink", the bits, the granularity,
 the packing, and each quantized tensor's shape), enough to rebuild the model.
 
-Plain `transformers.from_pretrained` cannot read this: it stops at the unknown quant_method.
+Plain `transformers.from_pretrained` cannot read this: it finds no weights file it knows and fails
+(a file named model.safetensors would instead be loaded half-empty, with random weights).
 `load_quantized` (used by every modelshrink command) rebuilds the architecture from the config,
 unpacks and dequantizes the weights (α·b, exactly the values the quantized model computed with),
 and re-applies activation and attention quantization.
@@ -29,6 +30,10 @@ from modelshrink.quant.packing import BITS_PER_VALUE, pack, unpack
 from modelshrink.quant.quantizers import dequantize, quantize_weight
 
 QUANT_METHOD = "modelshrink"
+# Not "model.safetensors": transformers would load that file, skip every packed tensor as unexpected
+# and start from random weights with only a warning. Under this name a plain load finds no weights
+# and fails loudly.
+WEIGHTS_NAME = "modelshrink-quantized.safetensors"
 
 
 def is_quantized(config: Any) -> bool:
@@ -64,7 +69,7 @@ def save_quantized(model: torch.nn.Module, tokenizer: Any, folder: str | os.Path
             continue
         tensors[name] = value.detach().cpu().contiguous()
         seen_data.add(value.data_ptr())
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt", "modelshrink": "quantized"})
+    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt", "modelshrink": "quantized"})
     config = model.config
     config.quantization_config = {
         "quant_method": QUANT_METHOD, "bits": spec.label, "weight_bits": spec.weight_bits,
@@ -109,7 +114,7 @@ def load_quantized(folder: str | os.PathLike) -> torch.nn.Module:
     check_quantizable(config)
     cls = _model_class(config)
     model = cls(config=config) if cls.__name__ == "EncoderDecoderModel" else cls.from_config(config)
-    stored = load_file(str(folder / "model.safetensors"))
+    stored = load_file(str(folder / WEIGHTS_NAME))
     state = {}
     for name, info in qc["tensors"].items():
         shape = info["shape"]
