@@ -29,9 +29,10 @@ LOGIT_LOSSES = ("kl", "mse")
 METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 
 
-@dataclass
-class DistillOptions:
-    """Every option of `modelshrink distill`; names match the command line (dashes → underscores)."""
+@dataclass(kw_only=True)
+class DistillOptions(TrainOptions):
+    """Every option of `modelshrink distill`; names match the command line (dashes → underscores).
+    The training options (lr, batch_size, max_steps, …) come from TrainOptions."""
 
     data: str
     teacher: str | None = None
@@ -60,26 +61,6 @@ class DistillOptions:
     max_target_length: int = 128
     num_beams: int | None = None
     max_length: int | None = None
-    lr: float = 5e-5
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    warmup_steps: int | None = None
-    warmup_ratio: float = 0.0
-    max_grad_norm: float = 1.0
-    grad_accum: int = 1
-    batch_size: int = 16
-    max_tokens: int | None = None
-    max_steps: int | None = None
-    epochs: float | None = None
-    seed: int = 0
-    log_every: int = 10
-    eval_every: int | None = None
-    save_every: int | None = None
-    metric: str = "rouge2"
-    early_stopping: int | None = None
-    device: str = "auto"
     trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
@@ -123,8 +104,8 @@ class DistillOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-        if self.max_steps != 0:
-            self.train_options()  # range checks of the training options
+        if self.max_steps != 0:  # --max-steps 0 trains nothing, so it needs no budget
+            TrainOptions.__post_init__(self)
 
     @property
     def word_level(self) -> bool:

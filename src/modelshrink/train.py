@@ -33,8 +33,10 @@ class TrainingDiverged(UserError):
     """The loss became NaN or inf; the run stopped and kept its last good checkpoint."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainOptions:
+    """Training options shared by every step that trains (distill's options extend these)."""
+
     lr: float = 5e-5
     beta1: float = 0.9
     beta2: float = 0.999
