@@ -223,3 +223,27 @@ def test_t5_position_bias_follows_the_first_block(tmp_path):
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     batch = _batch(tok)
     torch.testing.assert_close(_logits(reloaded.eval(), batch), _logits(student, batch), rtol=0, atol=0)
+
+
+def test_shrink_encoder_keeps_the_chosen_layers_of_a_classifier():
+    from transformers import BertConfig, BertForSequenceClassification, DistilBertConfig, \
+        DistilBertForSequenceClassification
+
+    from modelshrink.shrink import shrink_encoder
+
+    torch.manual_seed(0)
+    teacher = BertForSequenceClassification(BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=4,
+                                                       num_attention_heads=2, intermediate_size=32)).eval()
+    same = shrink_encoder(teacher, [0, 1, 2, 3]).eval()
+    ids = torch.randint(0, 40, (2, 6))
+    assert torch.equal(same(ids).logits, teacher(ids).logits)
+    student = shrink_encoder(teacher, [1, 3])
+    assert student.config.num_hidden_layers == 2 and student.config.modelshrink_layer_map == {"encoder": [1, 3]}
+    assert torch.equal(student.bert.encoder.layer[1].output.dense.weight, teacher.bert.encoder.layer[3].output.dense.weight)
+    assert torch.equal(student.classifier.weight, teacher.classifier.weight)
+    assert teacher.config.num_hidden_layers == 4 and len(teacher.bert.encoder.layer) == 4
+    distil = DistilBertForSequenceClassification(DistilBertConfig(vocab_size=40, dim=16, n_layers=3, n_heads=2,
+                                                                  hidden_dim=32))
+    assert shrink_encoder(distil, [2]).config.num_hidden_layers == 1
+    with pytest.raises(UserError, match="--layer-ids: layer 4 is out of range"):
+        shrink_encoder(teacher, [4])

@@ -91,6 +91,8 @@ def make_collate(pad_id: int) -> Callable[[list[dict[str, Any]]], dict[str, Any]
                 types[i, :n] = torch.tensor(b["token_type_ids"])
         labels = torch.tensor([b["label"] for b in batch])
         out = {"input_ids": input_ids, "attention_mask": mask, "labels": labels, "tokens": int(mask.sum())}
+        if "contrast" in batch[0]:  # classes for a contrastive loss (binned regression targets)
+            out["contrast_labels"] = torch.tensor([b["contrast"] for b in batch])
         if "token_type_ids" in batch[0]:
             out["token_type_ids"] = types
         return out

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from modelshrink import __version__
+from modelshrink.commands.contrastive import EPILOG as CONTRASTIVE_EPILOG, contrastive_command
 from modelshrink.commands.distill import EPILOG as DISTILL_EPILOG, distill_command
 from modelshrink.commands.eval import EPILOG as EVAL_EPILOG, eval_command
 from modelshrink.commands.pseudolabel import EPILOG as PSEUDOLABEL_EPILOG, pseudolabel
@@ -94,6 +95,7 @@ def root(
 app.command("pseudolabel", epilog=PSEUDOLABEL_EPILOG, no_args_is_help=True)(pseudolabel)
 app.command("distill", epilog=DISTILL_EPILOG, no_args_is_help=True)(distill_command)
 app.command("quantize", epilog=QUANTIZE_EPILOG, no_args_is_help=True)(quantize_command)
+app.command("contrastive", epilog=CONTRASTIVE_EPILOG, no_args_is_help=True)(contrastive_command)
 app.command("eval", epilog=EVAL_EPILOG, no_args_is_help=True)(eval_command)
 app.command("quickstart")(quickstart)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import shutil
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from modelshrink import __version__
-from modelshrink.artifacts import RUN_FILE, ArtifactWriter, parent_ref, pin_run, read_manifest
+from modelshrink.artifacts import parent_ref, pin_run, read_manifest, replay_command
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
-from modelshrink.train import TrainOptions, TrainResult, train
+from modelshrink.train import TrainOptions, TrainResult, keep_best, start_run, train
 
 LOGIT_LOSSES = ("kl", "mse")
 METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
@@ -110,10 +110,6 @@ class DistillOptions(TrainOptions):
     @property
     def word_level(self) -> bool:
         return self.kd_logits is not None or self.kd_hidden > 0 or self.kd_attention > 0
-
-    def train_options(self) -> TrainOptions:
-        names = {f.name for f in fields(TrainOptions)}
-        return TrainOptions(**{k: v for k, v in asdict(self).items() if k in names})
 
     def recorded(self) -> dict[str, Any]:
         return asdict(self)
@@ -311,9 +307,6 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     quantization surgery), `save_student(model, tokenizer, folder)` writes it in its own format,
     `describe(folder, model, metrics)` adds metrics once it is written, and `step` / `recorded`
     name the step and the options its manifest records."""
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs
-
     from modelshrink.models import default_source_length, resolve_device, save_model
 
     output = Path(output)
@@ -321,13 +314,8 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
         log(f"{output} is already complete; nothing to resume")
         return output
     device = resolve_device(options.device)
-    # Unused parameters (the BERT pooler of a bert2bert) would stop DDP without find_unused_parameters.
-    accelerator = Accelerator(cpu=device == "cpu",
-                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    accelerator, writer = start_run(output, device, overwrite=overwrite, resume=resume)
     main = accelerator.is_main_process
-    writer = ArtifactWriter(output, overwrite=overwrite, resume=resume, keep_on_failure=True)
-    writer.check()
-    accelerator.wait_for_everyone()  # every process has checked before the main one creates the staging folder
     train_rows = _read_pairs(options.data, options.split, options, options.limit)
     validation_rows = (_read_pairs(options.validation, options.validation_split, options, options.eval_limit)
                        if options.validation else None)
@@ -379,15 +367,7 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     if not main:
         return output
 
-    best = staging / "best"
-    if result is not None and result.best is not None and best.is_dir():
-        for f in best.iterdir():
-            shutil.move(str(f), staging / f.name)
-    else:
-        save(student, tokenizer, staging)
-    for leftover in ("best", "checkpoints"):
-        shutil.rmtree(staging / leftover, ignore_errors=True)
-    (staging / RUN_FILE).unlink(missing_ok=True)
+    keep_best(staging, result, lambda folder: save(student, tokenizer, folder))
     metrics = _metrics(student, teacher_params=_params(built["teacher"]), result=result)
     if describe is not None:
         metrics.update(describe(staging, student, metrics))
@@ -423,24 +403,6 @@ def _metrics(student: Any, teacher_params: int | None, result: TrainResult | Non
         if result.best is not None:
             metrics["validation"] = {"step": result.best["step"], **result.validation}
     return metrics
-
-
-def _command(options: DistillOptions, output: Path) -> str:
-    defaults = {f.name: f.default for f in fields(DistillOptions)}
-    parts = ["modelshrink distill", options.data, "-o", str(output)]
-    for key, value in options.recorded().items():
-        if key == "data" or value == defaults.get(key) and key not in ("teacher", "student"):
-            continue
-        if value is None:
-            continue
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            parts.append(flag if value else "--no-" + key.replace("_", "-"))
-        elif isinstance(value, list):
-            parts.extend([flag, ",".join(map(str, value))])
-        else:
-            parts.extend([flag, str(value)])
-    return " ".join(parts)
 
 
 def model_card(options: DistillOptions, output: Path, origin: dict[str, Any], metrics: dict[str, Any],
@@ -487,7 +449,7 @@ def model_card(options: DistillOptions, output: Path, origin: dict[str, Any], me
                   f"best step {v['step']} by {options.metric}:", "", "| ROUGE-1 | ROUGE-2 | ROUGE-L | ROUGE-Lsum |",
                   "|---|---|---|---|", f"| {v['rouge1']:.2f} | {v['rouge2']:.2f} | {v['rougeL']:.2f} | "
                   f"{v['rougeLsum']:.2f} |"]
-    lines += ["", "## Reproduce", "", "```bash", _command(options, output), "```", "", "## Lineage", ""]
+    lines += ["", "## Reproduce", "", "```bash", replay_command("distill", options, output), "```", "", "## Lineage", ""]
     for p in parents:
         pin = p.get("manifest_sha256") or p.get("sha256")
         lines.append(f"- {p['role']}: `{p.get('path') or p.get('hub')}`" + (f" (sha256 {pin[:12]}…)" if pin else ""))

@@ -103,17 +103,22 @@ def task_of(config: Any) -> str:
     """What a model does: "summarization" (encoder-decoder), "classification" or "regression"."""
     if getattr(config, "is_encoder_decoder", False):
         return "summarization"
-    architectures = getattr(config, "architectures", None) or []
-    if any(a.endswith("ForSequenceClassification") for a in architectures):
+    if is_classifier(config):
         regression = getattr(config, "problem_type", None) == "regression" or getattr(config, "num_labels", 2) == 1
         return "regression" if regression else "classification"
     raise UserError(f"the model is {describe(config)}; expected a seq2seq summarizer or a sequence classifier "
                     "(an *ForSequenceClassification architecture)")
 
 
+def is_classifier(config: Any) -> bool:
+    return any(a.endswith("ForSequenceClassification") for a in getattr(config, "architectures", None) or [])
+
+
 def load_classifier(spec: str, what: str = "model", trust_remote_code: bool = False,
-                    device: str = "cpu") -> tuple[Any, Any]:
-    """Load a sequence classifier and its tokenizer, in eval mode."""
+                    device: str = "cpu", new_head: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """Load a sequence classifier and its tokenizer, in eval mode. A pretrained encoder without a
+    classification head (e.g. MiniLM) gets a new, randomly initialised one configured by `new_head`
+    (num_labels, id2label, label2id, problem_type); without `new_head` it is refused."""
     from transformers import AutoModelForSequenceClassification
 
     config = load_config(spec, what, trust_remote_code)
@@ -124,8 +129,15 @@ def load_classifier(spec: str, what: str = "model", trust_remote_code: bool = Fa
 
         model = load_quantized(spec)
     else:
+        head = {}
+        if not is_classifier(config):
+            if new_head is None:
+                raise UserError(f"{what} {spec} is not a sequence classifier: it is {describe(config)}")
+            head = new_head
         model = from_pretrained(AutoModelForSequenceClassification.from_pretrained, spec, what,
-                                trust_remote_code=trust_remote_code)
+                                trust_remote_code=trust_remote_code, **head)
+        if head:
+            model.config.architectures = [type(model).__name__]  # saved as a classifier from now on
     tokenizer = load_tokenizer(spec, what, trust_remote_code)
     model.to(device).eval()
     return model, tokenizer

@@ -9,11 +9,10 @@ run from its last complete batch. The final `data.jsonl` is assembled in input o
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import torch

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
+from modelshrink.artifacts import ArtifactWriter, parent_ref
 from modelshrink.errors import UserError
 from modelshrink.quant.modules import check_quantizable, parse_bits, quantize_model
 from modelshrink.quant.model import save_quantized
@@ -142,28 +142,20 @@ def _quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwr
     import json
     import shutil
 
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs
-
     from modelshrink import classify
     from modelshrink.artifacts import pin_run
     from modelshrink.distill import _same_tokenizer
     from modelshrink.efficiency import parameter_count
     from modelshrink.models import load_classifier, resolve_device, task_of
     from modelshrink.quant.model import save_quantized
-    from modelshrink.train import TrainOptions, train
+    from modelshrink.train import TrainOptions, keep_best, start_run, train
 
     t = dict(options.training)
     unknown = sorted(set(t) - set(CLASSIFIER_TRAINING))
     if unknown:
         raise UserError(f"{', '.join('--' + k.replace('_', '-') for k in unknown)} do not apply to classifiers")
     spec = options.spec
-    device = resolve_device(options.device)
-    accelerator = Accelerator(cpu=device == "cpu",
-                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
-    writer = ArtifactWriter(output, overwrite=overwrite, resume=resume, keep_on_failure=True)
-    writer.check()
-    accelerator.wait_for_everyone()
+    accelerator, writer = start_run(Path(output), resolve_device(options.device), overwrite=overwrite, resume=resume)
     teacher_spec = options.teacher or options.model
     teacher, teacher_tok = load_classifier(teacher_spec, "teacher", options.trust_remote_code, "cpu")
     student, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, "cpu")
@@ -217,15 +209,7 @@ def _quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwr
     student = accelerator.unwrap_model(student)
     if not accelerator.is_main_process:
         return Path(output)
-    best = staging / "best"
-    if result.best is not None and best.is_dir():
-        for f in best.iterdir():
-            shutil.move(str(f), staging / f.name)
-    else:
-        save_quantized(student, tokenizer, staging, spec)
-    for leftover in ("best", "checkpoints"):
-        shutil.rmtree(staging / leftover, ignore_errors=True)
-    (staging / "run.partial.json").unlink(missing_ok=True)
+    keep_best(staging, result, lambda folder: save_quantized(student, tokenizer, folder, spec))
     metrics = {**storage_metrics(staging, student, teacher_params), "modules": counts, "steps": result.steps,
                "tokens_per_second": result.tokens_per_second, "final_loss": result.final_loss}
     if result.validation is not None:

@@ -16,16 +16,17 @@ from modelshrink.errors import UserError
 from modelshrink.families import Family, family_of
 
 
-def _check_count(n_teacher: int, n_student: int, side: str) -> None:
+def _check_count(n_teacher: int, n_student: int, side: str, option: str | None = None) -> None:
+    option = option or f"--{side}-layers"
     if n_student < 1:
-        raise UserError(f"--{side}-layers must be >= 1, got {n_student}")
+        raise UserError(f"{option} must be >= 1, got {n_student}")
     if n_student > n_teacher:
-        raise UserError(f"--{side}-layers {n_student} is above the teacher's {n_teacher} {side} layers")
+        raise UserError(f"{option} {n_student} is above the teacher's {n_teacher} {side} layers")
 
 
-def spaced_layer_ids(n_teacher: int, n_student: int, side: str = "encoder") -> list[int]:
+def spaced_layer_ids(n_teacher: int, n_student: int, side: str = "encoder", option: str | None = None) -> list[int]:
     """Maximally spaced teacher layers, first and last kept; one layer keeps the last."""
-    _check_count(n_teacher, n_student, side)
+    _check_count(n_teacher, n_student, side, option)
     if n_student == 1:
         return [n_teacher - 1]
     # floor(i * (n - 1) / (k - 1) + 0.5) in integers, so that halves round up exactly (12→3 gives 6).
@@ -33,15 +34,15 @@ def spaced_layer_ids(n_teacher: int, n_student: int, side: str = "encoder") -> l
     return [(2 * i * (n_teacher - 1) + k1) // (2 * k1) for i in range(n_student)]
 
 
-def first_layer_ids(n_teacher: int, n_student: int, side: str = "encoder") -> list[int]:
+def first_layer_ids(n_teacher: int, n_student: int, side: str = "encoder", option: str | None = None) -> list[int]:
     """The teacher's first `n_student` layers."""
-    _check_count(n_teacher, n_student, side)
+    _check_count(n_teacher, n_student, side, option)
     return list(range(n_student))
 
 
-def check_layer_ids(ids: list[int], n_teacher: int, side: str) -> list[int]:
+def check_layer_ids(ids: list[int], n_teacher: int, side: str, option: str | None = None) -> list[int]:
     """Explicit layer ids, validated against the teacher; their order is kept as given."""
-    option = f"--{side}-layer-ids"
+    option = option or f"--{side}-layer-ids"
     ids = [int(i) for i in ids]
     if not ids:
         raise UserError(f"{option} is empty; give at least one {side} layer id")
@@ -108,6 +109,20 @@ def _move_position_bias(teacher_layers: nn.ModuleList, layers: nn.ModuleList, at
             attn.has_relative_attention_bias = False
 
 
+def _keep_layers(layers: nn.ModuleList, ids: list[int]) -> None:
+    """Keep `layers[i]` for i in `ids`, in that order (ids do not repeat; the layers are already the
+    student's own deep copies)."""
+    kept = [layers[i] for i in ids]
+    del layers[:]
+    layers.extend(kept)
+    for position, layer in enumerate(layers):
+        # Attention modules index the KV cache by layer_idx (BART/T5/BERT attention keep it on the
+        # attention module itself); a stale teacher index would read or grow the wrong slot.
+        for module in layer.modules():
+            if hasattr(module, "layer_idx"):
+                module.layer_idx = position
+
+
 def shrink(model: nn.Module, encoder_ids: list[int], decoder_ids: list[int]) -> nn.Module:
     """A new student keeping the teacher's encoder layers `encoder_ids` and decoder layers
     `decoder_ids`, in that order; the teacher is left unchanged."""
@@ -123,19 +138,40 @@ def shrink(model: nn.Module, encoder_ids: list[int], decoder_ids: list[int]) -> 
              (family.decoder_layers_of(model), family.decoder_layers_of(student), decoder_ids,
               [family.decoder_self, family.decoder_cross]))
     for teacher_layers, layers, ids, attn_paths in sides:
-        # The student's layers are already deep copies of the teacher's, and ids do not repeat.
-        kept = [layers[i] for i in ids]
-        del layers[:]
-        layers.extend(kept)
-        for position, layer in enumerate(layers):
-            # Attention modules index the KV cache by layer_idx (BART/T5/BERT attention keep it on
-            # the attention module itself); a stale teacher index would read or grow the wrong slot.
-            for module in layer.modules():
-                if hasattr(module, "layer_idx"):
-                    module.layer_idx = position
+        _keep_layers(layers, ids)
         if family.position_bias:
             _move_position_bias(teacher_layers, layers, attn_paths[0], family.position_bias)
 
     _set_layer_counts(student, family, len(encoder_ids), len(decoder_ids))
     student.config.modelshrink_layer_map = {"encoder": list(encoder_ids), "decoder": list(decoder_ids)}
+    return student
+
+
+def encoder_layer_list(model: nn.Module) -> nn.ModuleList:
+    """The transformer layers of an encoder-only model (BERT, RoBERTa, ELECTRA, MiniLM: encoder.layer;
+    DistilBERT: transformer.layer), found as the ModuleList whose length is the configured depth."""
+    depth = model.config.num_hidden_layers
+    base = getattr(model, "base_model", model)
+    for path in ("encoder.layer", "transformer.layer", "encoder.layers", "layers"):
+        try:
+            found = base.get_submodule(path)
+        except AttributeError:
+            continue
+        if isinstance(found, nn.ModuleList) and len(found) == depth:
+            return found
+    raise UserError(f"cannot find the {depth} transformer layers of this {model.config.model_type} model; "
+                    "copying layers supports BERT-style encoders (BERT, RoBERTa, ELECTRA, DistilBERT)")
+
+
+def shrink_encoder(model: nn.Module, layer_ids: list[int], option: str = "--layer-ids") -> nn.Module:
+    """A new encoder-only student (e.g. a sequence classifier) keeping the teacher's layers
+    `layer_ids`, in that order, and everything else (embeddings, pooler, head) as it is."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise UserError("shrink_encoder takes an encoder-only model; use shrink for encoder-decoders")
+    n = model.config.num_hidden_layers
+    layer_ids = check_layer_ids(layer_ids, n, "encoder", option)
+    student = copy.deepcopy(model)
+    _keep_layers(encoder_layer_list(student), layer_ids)
+    student.config.num_hidden_layers = len(layer_ids)
+    student.config.modelshrink_layer_map = {"encoder": list(layer_ids)}
     return student

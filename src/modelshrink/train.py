@@ -16,7 +16,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -75,6 +75,11 @@ class TrainOptions:
             raise UserError(f"--epochs must be > 0, got {self.epochs}")
         if self.max_steps is None and self.epochs is None:
             raise UserError("give a budget: --max-steps N or --epochs N")
+
+    def train_options(self) -> "TrainOptions":
+        """The TrainOptions part of a step's options (which extend these)."""
+        names = {f.name for f in fields(TrainOptions)}
+        return TrainOptions(**{f.name: getattr(self, f.name) for f in fields(self) if f.name in names})
 
 
 @dataclass
@@ -184,6 +189,39 @@ def latest_checkpoint(workdir: Path) -> Path | None:
     found = sorted((p for p in (workdir / "checkpoints").glob("step-*") if not p.name.endswith(".tmp")),
                    key=lambda p: int(p.name.split("-")[1]))
     return found[-1] if found else None
+
+
+def start_run(output: Path, device: str, *, overwrite: bool, resume: bool) -> tuple[Any, Any]:
+    """The accelerator and the artifact writer of a step that trains, once every process has
+    checked the output (before the main one creates the staging folder)."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    from modelshrink.artifacts import ArtifactWriter
+
+    # Unused parameters (the BERT pooler of a bert2bert) would stop DDP without find_unused_parameters.
+    accelerator = Accelerator(cpu=device == "cpu",
+                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    writer = ArtifactWriter(output, overwrite=overwrite, resume=resume, keep_on_failure=True)
+    writer.check()
+    accelerator.wait_for_everyone()
+    return accelerator, writer
+
+
+def keep_best(workdir: Path, result: TrainResult | None, save_final: Callable[[Path], None]) -> None:
+    """Leave in `workdir` the weights to publish: the best validated ones where validation saved
+    some, else the final ones (`save_final(folder)`); then drop the training leftovers."""
+    from modelshrink.artifacts import RUN_FILE
+
+    best = workdir / "best"
+    if result is not None and result.best is not None and best.is_dir():
+        for f in best.iterdir():
+            shutil.move(str(f), workdir / f.name)
+    else:
+        save_final(workdir)
+    for leftover in ("best", "checkpoints"):
+        shutil.rmtree(workdir / leftover, ignore_errors=True)
+    (workdir / RUN_FILE).unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- the loop

@@ -8,8 +8,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from modelshrink.commands._common import (GEN_PANEL, MaxLength, MaxSourceLength, NumBeams, DocsProgress, emit,
-                                          fail, handle_errors, log)
+from modelshrink.commands._common import (GEN_PANEL, OPT, VAL, Beta1, Beta2, Device, DocsProgress, EarlyStopping,
+                                          Epochs, Eps, EvalEvery, GradAccum, LogEvery, Lr, MaxGradNorm, MaxLength,
+                                          MaxSourceLength, MaxSteps, MaxTokens, NumBeams, Overwrite, Resume, SaveEvery,
+                                          Seed, TrustRemoteCode, WarmupRatio, WarmupSteps, WeightDecay, emit,
+                                          handle_errors, log, parse_ids)
 
 EPILOG = """\
 **Examples**
@@ -36,18 +39,7 @@ Several processes or machines:
 
 START = "Starting point"
 LOSS = "Losses"
-OPT = "Optimization"
-VAL = "Validation"
 DATA = "Data"
-
-
-def _ids(value: Optional[str], flag: str) -> Optional[list[int]]:
-    if value is None:
-        return None
-    try:
-        return [int(x) for x in value.replace(" ", "").split(",") if x != ""]
-    except ValueError:
-        raise fail(f"{flag} takes comma-separated layer numbers such as 0,6,11; got {value}") from None
 
 
 def distill_command(
@@ -85,37 +77,29 @@ def distill_command(
                                                      "cross (0 = off).", rich_help_panel=LOSS)] = 0.0,
     label_smoothing: Annotated[float, typer.Option(help="Label smoothing of the cross-entropy (PLATE: 0.1).",
                                                    rich_help_panel=LOSS)] = 0.1,
-    max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps; 0 writes the initialized student "
-                                                          "untrained.", rich_help_panel=OPT)] = None,
-    epochs: Annotated[Optional[float], typer.Option(help="Epochs (when --max-steps is not given).",
-                                                    rich_help_panel=OPT)] = None,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW).", rich_help_panel=OPT)] = 5e-5,
-    beta1: Annotated[float, typer.Option(help="AdamW β1.", rich_help_panel=OPT)] = 0.9,
-    beta2: Annotated[float, typer.Option(help="AdamW β2.", rich_help_panel=OPT)] = 0.999,
-    eps: Annotated[float, typer.Option(help="AdamW ε.", rich_help_panel=OPT)] = 1e-8,
-    weight_decay: Annotated[float, typer.Option(help="AdamW weight decay (not on biases and norms).",
-                                                rich_help_panel=OPT)] = 0.01,
-    warmup_steps: Annotated[Optional[int], typer.Option(help="Linear warmup steps. [default: from --warmup-ratio]",
-                                                        rich_help_panel=OPT)] = None,
-    warmup_ratio: Annotated[float, typer.Option(help="Warmup as a share of all steps.", rich_help_panel=OPT)] = 0.0,
-    max_grad_norm: Annotated[float, typer.Option(help="Gradient clipping (0 = off).", rich_help_panel=OPT)] = 1.0,
-    grad_accum: Annotated[int, typer.Option(help="Gradient accumulation steps.", rich_help_panel=OPT)] = 1,
+    max_steps: MaxSteps = None,
+    epochs: Epochs = None,
+    lr: Lr = 5e-5,
+    beta1: Beta1 = 0.9,
+    beta2: Beta2 = 0.999,
+    eps: Eps = 1e-8,
+    weight_decay: WeightDecay = 0.01,
+    warmup_steps: WarmupSteps = None,
+    warmup_ratio: WarmupRatio = 0.0,
+    max_grad_norm: MaxGradNorm = 1.0,
+    grad_accum: GradAccum = 1,
     batch_size: Annotated[int, typer.Option(help="Pairs per batch and process.", rich_help_panel=OPT)] = 16,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Batch by a padded-token budget instead of a count.",
-                                                      rich_help_panel=OPT)] = None,
-    seed: Annotated[int, typer.Option(help="Seed of data order, dropout and new weights.", rich_help_panel=OPT)] = 0,
-    log_every: Annotated[int, typer.Option(help="Write train_log.jsonl every N steps.", rich_help_panel=OPT)] = 10,
-    save_every: Annotated[Optional[int], typer.Option(help="Checkpoint every N steps (for --resume).",
-                                                      rich_help_panel=OPT)] = None,
+    max_tokens: MaxTokens = None,
+    seed: Seed = 0,
+    log_every: LogEvery = 10,
+    save_every: SaveEvery = None,
     validation: Annotated[Optional[str], typer.Option(help="Validation pairs, scored by ROUGE.",
                                                       rich_help_panel=VAL)] = None,
-    eval_every: Annotated[Optional[int], typer.Option(help="Validate every N steps (and at the end).",
-                                                      rich_help_panel=VAL)] = None,
+    eval_every: EvalEvery = None,
     eval_limit: Annotated[Optional[int], typer.Option(help="Validation documents used.", rich_help_panel=VAL)] = 200,
     metric: Annotated[str, typer.Option(help="Keep the checkpoint best by this: rouge1, rouge2, rougeL, rougeLsum.",
                                         rich_help_panel=VAL)] = "rouge2",
-    early_stopping: Annotated[Optional[int], typer.Option(help="Stop after N validations without improvement.",
-                                                          rich_help_panel=VAL)] = None,
+    early_stopping: EarlyStopping = None,
     num_beams: NumBeams = None,
     max_length: MaxLength = None,
     max_source_length: MaxSourceLength = None,
@@ -131,10 +115,10 @@ def distill_command(
                                                           rich_help_panel=DATA)] = None,
     limit: Annotated[Optional[int], typer.Option(help="Use only the first N training pairs.",
                                                  rich_help_panel=DATA)] = None,
-    device: Annotated[str, typer.Option(help="cpu, cuda, or auto (under accelerate launch, its choice).")] = "auto",
-    resume: Annotated[bool, typer.Option(help="Continue an interrupted run from its last checkpoint.")] = False,
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing output.")] = False,
-    trust_remote_code: Annotated[bool, typer.Option(help="Allow models' own code from the hub.")] = False,
+    device: Device = "auto",
+    resume: Resume = False,
+    overwrite: Overwrite = False,
+    trust_remote_code: TrustRemoteCode = False,
 ) -> None:
     """Shrink a teacher into a student (copied layers) and train it, on gold pairs or pseudo labels,
     optionally with word-level distillation losses; or fine-tune a model (a teacher) when there is none.
@@ -150,8 +134,8 @@ def distill_command(
         options = DistillOptions(
             data=data, teacher=teacher, student=student, init_encoder_decoder=init_encoder_decoder,
             cross_attention_init=cross_attention_init, encoder_layers=encoder_layers, decoder_layers=decoder_layers, layer_selection=layer_selection,
-            encoder_layer_ids=_ids(encoder_layer_ids, "--encoder-layer-ids"),
-            decoder_layer_ids=_ids(decoder_layer_ids, "--decoder-layer-ids"), kd_logits=kd_logits,
+            encoder_layer_ids=parse_ids(encoder_layer_ids, "--encoder-layer-ids"),
+            decoder_layer_ids=parse_ids(decoder_layer_ids, "--decoder-layer-ids"), kd_logits=kd_logits,
             kd_logits_weight=kd_logits_weight, temperature=temperature, kd_hidden=kd_hidden,
             kd_attention=kd_attention, label_smoothing=label_smoothing, validation=validation,
             eval_limit=eval_limit, split=split, validation_split=validation_split, text_column=text_column,

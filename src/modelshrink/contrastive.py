@@ -1,0 +1,366 @@
+"""`contrastive`: ACKD distillation of BERT-style sequence classifiers, or plain fine-tuning.
+
+With `--teacher` the student (the teacher's own layers, `--layers K`, or a separate `--student`)
+learns by Eq. 4 of ACKD (see `modelshrink.ackd`). Without a teacher the `--student` — a classifier,
+or a pretrained encoder such as MiniLM that gets a new head — is fine-tuned by cross-entropy alone,
+which is how a user with only an encoder makes the teacher. Both go through the shared loop
+(`modelshrink.train`): progress, validation with the best checkpoint, exact resume, accelerate.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from modelshrink import __version__
+from modelshrink.ackd import ACKDObjective, cls_features, feature_layer_pairs
+from modelshrink.artifacts import parent_ref, pin_run, read_manifest, replay_command
+from modelshrink.errors import UserError
+from modelshrink.train import TrainOptions, keep_best, start_run, train
+
+METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman")
+
+
+@dataclass(kw_only=True)
+class ContrastiveOptions(TrainOptions):
+    """Every option of `modelshrink contrastive`; names match the command line. Defaults of the
+    loss weights sit inside the paper's search ranges (section 4.2)."""
+
+    data: str
+    teacher: str | None = None
+    student: str | None = None
+    layers: int | None = None
+    layer_selection: str = "spaced"
+    layer_ids: list[int] | None = None
+    feature_map: str = "skip"
+    alpha: float = 0.5
+    beta: float = 20.0
+    gamma: float = 5e-3
+    temperature: float = 5.0
+    kd: bool = True
+    pt: bool = True
+    acdl: bool = True
+    sar: bool = True
+    storage: bool = True
+    storage_size: int = 1000
+    predictor_layers: int = 2
+    label_bins: int | None = None
+    validation: str | None = None
+    eval_limit: int | None = None
+    split: str | None = None
+    validation_split: str | None = None
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    label_column: str | None = None
+    limit: int | None = None
+    max_length: int = 128
+    batch_size: int = 32
+    warmup_ratio: float = 0.1
+    metric: str = "accuracy"
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        if self.teacher is None and self.student is None:
+            raise UserError("give --teacher T with --layers K (or --student S), or --student S alone to fine-tune it")
+        copying = self.layers is not None or self.layer_ids is not None
+        if copying and self.teacher is None:
+            raise UserError("--layers/--layer-ids copy layers of --teacher; give --teacher")
+        if copying and self.student is not None:
+            raise UserError("give either --student or --layers/--layer-ids, not both")
+        if self.layers is not None and self.layer_ids is not None:
+            raise UserError("--layers and --layer-ids exclude each other")
+        if self.teacher is not None and not copying and self.student is None:
+            raise UserError("give the student: --layers K (copied from the teacher) or --student S")
+        if self.layer_selection not in ("spaced", "first"):
+            raise UserError(f"--layer-selection must be spaced or first, got {self.layer_selection}")
+        if not 0 <= self.alpha <= 1:
+            raise UserError(f"--alpha must be in [0, 1], got {self.alpha}")
+        for name in ("beta", "gamma"):
+            if getattr(self, name) < 0:
+                raise UserError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        if not self.temperature > 0:
+            raise UserError(f"--temperature must be > 0, got {self.temperature}")
+        for name in ("storage_size", "predictor_layers", "limit", "eval_limit", "max_length"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if self.label_bins is not None and self.label_bins < 2:
+            raise UserError(f"--label-bins must be >= 2, got {self.label_bins}")
+        if self.metric not in METRICS:
+            raise UserError(f"--metric must be one of {', '.join(METRICS)}, got {self.metric}")
+        TrainOptions.__post_init__(self)
+
+    @property
+    def finetune(self) -> bool:
+        """No teacher: cross-entropy only."""
+        return self.teacher is None
+
+    def terms(self) -> list[str]:
+        if self.finetune:
+            return ["ce"]
+        return ["ce"] + [name for name in ("kd", "pt", "acdl") if getattr(self, name)]
+
+    def recorded(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- labels
+
+def _label_scheme(rows_spec: str, options: ContrastiveOptions) -> dict[str, Any]:
+    """How a new head reads this data: class ids (ints), class names (strings, sorted) or numbers
+    (regression), found from the training labels."""
+    from modelshrink.data import open_data
+
+    column = options.label_column or "label"
+    source = open_data(rows_spec, options.split)
+    if column not in source.columns:
+        raise UserError(f"{rows_spec} has no column '{column}'; columns found: {', '.join(source.columns)}")
+    values = [row[column] for i, row in enumerate(source.rows()) if options.limit is None or i < options.limit]
+    if all(isinstance(v, str) for v in values):
+        names = sorted(set(values))
+        return {"num_labels": len(names), "id2label": dict(enumerate(names)),
+                "label2id": {n: i for i, n in enumerate(names)}}
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+        n = int(max(values)) + 1
+        return {"num_labels": n, "id2label": {i: str(i) for i in range(n)}, "label2id": {str(i): i for i in range(n)}}
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return {"num_labels": 1, "problem_type": "regression"}
+    raise UserError(f"{rows_spec}: column '{column}' mixes label kinds; expected class ids, class names or numbers")
+
+
+def bin_edges(values: list[float], bins: int) -> list[float]:
+    """Equal-width bins over the training targets' range: the inner edges."""
+    lo, hi = float(min(values)), float(max(values))
+    return [lo + (hi - lo) * k / bins for k in range(1, bins)]
+
+
+def to_bins(values: list[float], edges: list[float]) -> list[int]:
+    return [int(b) for b in np.searchsorted(np.asarray(edges), np.asarray(values, dtype=float), side="right")]
+
+
+# ---------------------------------------------------------------- the models
+
+def build_models(options: ContrastiveOptions, log: Callable[[str], None]) -> dict[str, Any]:
+    """Teacher (or None), student, tokenizer and the student's layer map; one-line errors for
+    models that cannot be paired."""
+    from modelshrink.distill import _same_tokenizer
+    from modelshrink.models import is_classifier, load_classifier, load_config, task_of
+    from modelshrink.shrink import first_layer_ids, shrink_encoder, spaced_layer_ids
+
+    torch.manual_seed(options.seed)  # a new head is random
+    teacher = tokenizer = None
+    head: dict[str, Any] | None = None
+    if options.teacher is not None:
+        teacher, tokenizer = load_classifier(options.teacher, "teacher", options.trust_remote_code)
+        task_of(teacher.config)
+        c = teacher.config
+        head = {"num_labels": c.num_labels, "id2label": c.id2label, "label2id": c.label2id}
+        if c.problem_type:
+            head["problem_type"] = c.problem_type
+    layer_ids = None
+    if options.student is not None:
+        config = load_config(options.student, "student", options.trust_remote_code)
+        if head is None and not is_classifier(config):
+            head = _label_scheme(options.data, options)
+        student, student_tok = load_classifier(options.student, "student", options.trust_remote_code,
+                                               new_head=head)
+        if teacher is not None:
+            why = _same_tokenizer(tokenizer, student_tok)
+            if why:
+                raise UserError(f"teacher and student tokenizers differ ({why}); distillation needs the same one")
+            if student.config.num_labels != teacher.config.num_labels:
+                raise UserError(f"the teacher predicts {teacher.config.num_labels} labels, the student "
+                                f"{student.config.num_labels}")
+        tokenizer = student_tok
+    else:
+        n = teacher.config.num_hidden_layers
+        if options.layer_ids is not None:
+            layer_ids = list(options.layer_ids)
+        elif options.layer_selection == "first":
+            layer_ids = first_layer_ids(n, options.layers, "encoder", "--layers")
+        else:
+            layer_ids = spaced_layer_ids(n, options.layers, "encoder", "--layers")
+        student = shrink_encoder(teacher, layer_ids)
+        log(f"student: teacher layers {layer_ids} of {n}")
+    return {"teacher": teacher, "student": student.train(), "tokenizer": tokenizer, "layer_ids": layer_ids}
+
+
+def _read(spec: str, split: str | None, limit: int | None, options: ContrastiveOptions, config: Any, task: str):
+    from modelshrink import classify
+
+    return classify.read_labeled(spec, split=split, text_column=options.text_column,
+                                 text_pair_column=options.text_pair_column, label_column=options.label_column,
+                                 limit=limit, num_labels=config.num_labels if task == "classification" else None,
+                                 label2id=config.label2id if task == "classification" else None, task=task)
+
+
+def make_loss(teacher: Any | None, pairs: list[tuple[int, int]]):
+    """The shared loop's loss function: the frozen teacher's logits and [CLS] features (no gradient
+    path), then the objective's forward (`ACKDObjective`), which returns (loss, parts)."""
+    teacher_layers = [t for _, t in pairs]
+
+    def loss_fn(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+        extra: dict[str, Any] = {}
+        if teacher is not None:
+            with torch.no_grad():
+                t = teacher(**inputs, output_hidden_states=bool(pairs))
+            extra["teacher_logits"] = t.logits
+            if pairs:
+                extra["teacher_features"] = cls_features(t.hidden_states, teacher_layers)
+        return model(**inputs, labels=batch["labels"], contrast_labels=batch.get("contrast_labels"), **extra)
+
+    return loss_fn
+
+
+# ---------------------------------------------------------------- the step
+
+def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,
+                progress: Callable[[dict[str, Any]], None] | None = None,
+                log: Callable[[str], None] = lambda m: None) -> Path:
+    """Train the student (ACKD, or fine-tuning without a teacher) and write a classifier artifact."""
+    from modelshrink import classify
+    from modelshrink.efficiency import parameter_count
+    from modelshrink.models import resolve_device, save_model, task_of
+
+    output = Path(output)
+    if resume and not overwrite and read_manifest(output) is not None:
+        log(f"{output} is already complete; nothing to resume")
+        return output
+    accelerator, writer = start_run(output, resolve_device(options.device), overwrite=overwrite, resume=resume)
+    main = accelerator.is_main_process
+
+    built = build_models(options, log)
+    teacher, student, tokenizer = built["teacher"], built["student"], built["tokenizer"]
+    task = task_of(student.config)
+    rows = _read(options.data, options.split, options.limit, options, student.config, task)
+    validation = (_read(options.validation, options.validation_split, options.eval_limit, options, student.config,
+                        task) if options.validation else None)
+    resolved: dict[str, Any] = {"task": task, "layer_map": built["layer_ids"]}
+    if task == "classification" and len({r["label"] for r in rows}) < 2:
+        raise UserError(f"{options.data}: the label column has one class only ({rows[0]['label']}); "
+                        "classification needs at least two")
+    if task != "classification" and options.metric in ("accuracy", "f1", "mcc"):
+        options.metric = "pearson"
+    contrast = [r["label"] for r in rows]
+    distilling = not options.finetune
+    if task == "regression" and distilling and options.acdl:
+        if options.label_bins is None:
+            raise UserError("regression labels have no classes for the contrastive term; give --label-bins N to "
+                            "bin them into N classes, or --no-acdl")
+        resolved["label_bin_edges"] = bin_edges(contrast, options.label_bins)
+        contrast = to_bins(contrast, resolved["label_bin_edges"])
+    elif options.label_bins is not None and task == "classification":
+        raise UserError("--label-bins is for regression labels; these are classes already")
+
+    pairs: list[tuple[int, int]] = []
+    if distilling and (options.pt or options.acdl):
+        if teacher.config.hidden_size != student.config.hidden_size:
+            raise UserError(f"the patient and contrastive losses compare hidden states, but the student's size "
+                            f"{student.config.hidden_size} differs from the teacher's {teacher.config.hidden_size}; "
+                            "pass --no-pt --no-acdl, or pick a student of the same width")
+        pairs = feature_layer_pairs(teacher.config.num_hidden_layers, student.config.num_hidden_layers,
+                                    options.feature_map, built["layer_ids"])
+        if not pairs:
+            raise UserError(f"--feature-map {options.feature_map} leaves the student's last layer to KD, and this "
+                            "student has one layer: use --feature-map copied, or --no-pt --no-acdl")
+        resolved["feature_pairs"] = [list(p) for p in pairs]
+    torch.manual_seed(options.seed)  # the SAR predictors' initialisation
+    objective = ACKDObjective(student, pairs, alpha=options.alpha if distilling else 1.0, beta=options.beta,
+                              gamma=options.gamma, temperature=options.temperature, kd=distilling and options.kd,
+                              pt=distilling and options.pt, acdl=distilling and options.acdl, sar=options.sar,
+                              storage_size=options.storage_size if options.storage else None,
+                              predictor_layers=options.predictor_layers)
+    if teacher is not None:
+        teacher.to(accelerator.device).eval()
+
+    parents = [parent_ref("data", options.data)] + [
+        parent_ref(role, spec) for role, spec in (("teacher", options.teacher), ("student", options.student),
+                                                  ("validation", options.validation)) if spec]
+    if main:
+        writer.open()
+        pin_run(writer.staging, options.recorded(), parents,
+                may_change=("max_steps", "epochs", "eval_every", "save_every", "log_every", "device", "early_stopping"))
+    accelerator.wait_for_everyone()
+    staging = writer.staging
+
+    examples = classify.tokenize_labeled(rows, tokenizer, options.max_length)
+    for example, c in zip(examples, contrast):
+        example["contrast"] = c
+    check = (classify.make_validate(validation, tokenizer, 64, accelerator.device, options.max_length)
+             if validation else None)
+    teacher_validation = check(teacher) if check is not None and teacher is not None and main else None
+    if not objective.needs_teacher:
+        teacher = None  # e.g. the cross-entropy-only baseline: no teacher forward passes
+
+    def save_best(model: Any, folder: Path) -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+        save_model(model.student, tokenizer, folder)
+
+    result = train(objective, examples, classify.make_collate(tokenizer.pad_token_id), make_loss(teacher, pairs),
+                   options.train_options(), staging, accelerator=accelerator,
+                   validate=(lambda model: check(model.student)) if check else None, save_best=save_best,
+                   resume=resume, progress=progress, log=log)
+    objective = accelerator.unwrap_model(objective)
+    if not main:
+        return output
+    keep_best(staging, result, lambda folder: save_model(objective.student, tokenizer, folder))
+
+    metrics: dict[str, Any] = {"parameters": parameter_count(objective.student), "steps": result.steps,
+                               "epochs": result.epochs, "train_seconds": result.seconds,
+                               "tokens_per_second": result.tokens_per_second, "final_loss": result.final_loss,
+                               "loss_terms": options.terms()}
+    if built["teacher"] is not None:
+        metrics["teacher_parameters"] = parameter_count(built["teacher"])
+        metrics["parameter_ratio"] = round(metrics["teacher_parameters"] / metrics["parameters"], 4)
+    if teacher_validation is not None:
+        metrics["teacher_validation"] = teacher_validation
+    if result.validation is not None:
+        metrics["validation"] = {"step": result.best["step"], **result.validation}
+        (staging / "validation.json").write_text(json.dumps(
+            {"metric": options.metric, **metrics["validation"]}, indent=2) + "\n")
+    (staging / "README.md").write_text(model_card(options, output, built, metrics, resolved))
+    resolved.update(device=str(accelerator.device), processes=accelerator.num_processes)
+    return writer.commit(step="contrastive", kind="model", options=options.recorded(), parents=parents,
+                         metrics=metrics, resolved=resolved)
+
+
+def model_card(options: ContrastiveOptions, output: Path, built: dict[str, Any], metrics: dict[str, Any],
+               resolved: dict[str, Any]) -> str:
+    if options.finetune:
+        origin = f"Fine-tuned from `{options.student}` with cross-entropy (no teacher)."
+    elif built["layer_ids"] is not None:
+        origin = (f"Student built from teacher `{options.teacher}` by copying its layers {built['layer_ids']} "
+                  "(embeddings, pooler and classification head copied too), then trained by ACKD.")
+    else:
+        origin = f"Student `{options.student}` trained by ACKD from teacher `{options.teacher}`."
+    weights = {"ce": f"{options.alpha if not options.finetune else 1.0} × cross-entropy",
+               "kd": f"{1 - options.alpha:g} × KD (KL, T = {options.temperature}, × T²)",
+               "pt": f"{options.beta} × patient loss", "acdl": f"{options.gamma} × A-CDL"
+               + (" without SAR" if not options.sar else "") + (" without storage" if not options.storage else
+                                                                 f" (storage {options.storage_size})")}
+    lines = [f"# {output.name}", "", f"Made by modelshrink {__version__} (`contrastive`). A `save_pretrained` "
+             "folder: plain `transformers` loads it.", "", origin, "",
+             f"Parameters: {metrics['parameters']:,}" + (
+                 f" (teacher {metrics['teacher_parameters']:,}, {metrics['parameter_ratio']}× fewer)"
+                 if "teacher_parameters" in metrics else ""), "",
+             f"Loss: {' + '.join(weights[t] for t in options.terms())}"
+             + (f"; features at (student, teacher) layers {resolved['feature_pairs']}" if resolved.get("feature_pairs")
+                else "") + ".",
+             f"Training: {metrics['steps']} steps ({metrics['epochs']} epochs) on `{options.data}`, AdamW lr "
+             f"{options.lr}, batch {options.batch_size} × {options.grad_accum}, seed {options.seed}."]
+    if "validation" in metrics:
+        v = metrics["validation"]
+        lines += ["", "## Validation", "", f"On `{options.validation}`, best step {v['step']} by {options.metric}: "
+                  + ", ".join(f"{k} {v[k]:.2f}" for k in v if k != "step")]
+        if "teacher_validation" in metrics:
+            t = metrics["teacher_validation"]
+            lines.append("Teacher: " + ", ".join(f"{k} {t[k]:.2f}" for k in t))
+    lines += ["", "## Reproduce", "", "```bash", replay_command("contrastive", options, output), "```"]
+    return "\n".join(lines) + "\n"

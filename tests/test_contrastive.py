@@ -1,0 +1,242 @@
+"""`contrastive`: fine-tune a teacher, distill students by ACKD, resume exactly, refuse bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from conftest import DOCUMENTS, bert_tokenizer, t5_tokenizer, write_jsonl
+from modelshrink.artifacts import read_manifest, staging_path
+from modelshrink.cli import app
+
+runner = CliRunner()
+
+
+def _pools() -> tuple[list[str], list[str]]:
+    first = {w for d in DOCUMENTS[:6] for w in d.split()}
+    second = {w for d in DOCUMENTS[6:] for w in d.split()}
+    return sorted(first - second), sorted(second - first)
+
+
+def _rows(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    pools = _pools()
+    rows = []
+    for i in range(n):
+        label = i % 2
+        words = rng.sample(pools[label], 5)
+        rows.append({"id": f"s{seed}-{i}", "sentence": " ".join(words), "label": label,
+                     "score": round(2 * label - 1 + rng.uniform(-0.5, 0.5), 3)})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def sentiment(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sentiment")
+    return write_jsonl(root / "train.jsonl", _rows(96, 0)), write_jsonl(root / "valid.jsonl", _rows(32, 1))
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    """A tiny pretrained-encoder stand-in (BertModel, no classification head), like MiniLM."""
+    from transformers import BertConfig, BertModel
+
+    tok = bert_tokenizer()
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                                 intermediate_size=64, max_position_embeddings=64))
+    path = tmp_path_factory.mktemp("encoder") / "tiny-bert"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def teacher(encoder, sentiment, tmp_path_factory):
+    out = tmp_path_factory.mktemp("teacher") / "teacher"
+    train, valid = sentiment
+    result = _invoke("contrastive", train, "-o", out, "--student", encoder, "--max-steps", 40, "--lr", 2e-3,
+                     "--batch-size", 16, "--validation", valid, "--eval-every", 20, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_a_teacher_fine_tuned_from_an_encoder(teacher):
+    from transformers import AutoModelForSequenceClassification
+
+    manifest = read_manifest(teacher)
+    assert manifest["step"] == "contrastive" and manifest["metrics"]["loss_terms"] == ["ce"]
+    assert manifest["metrics"]["validation"]["accuracy"] >= 90
+    model = AutoModelForSequenceClassification.from_pretrained(teacher)  # plain transformers loads it
+    assert model.config.num_labels == 2 and model.config.num_hidden_layers == 4
+
+
+def test_ackd_student_from_teacher_layers(teacher, sentiment, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    train, valid = sentiment
+    out = tmp_path / "student"
+    result = _invoke("contrastive", train, "-o", out, "--teacher", teacher, "--layers", 2, "--max-steps", 30,
+                     "--lr", 1e-3, "--batch-size", 16, "--validation", valid, "--gamma", 0.05, "--storage-size", 40,
+                     "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().splitlines()[-1] == str(out)
+    manifest = read_manifest(out)
+    assert manifest["resolved"]["layer_map"] == [0, 3]
+    assert manifest["resolved"]["feature_pairs"] == [[1, 2]]  # PKD skip: 4 → 2 layers
+    assert manifest["metrics"]["loss_terms"] == ["ce", "kd", "pt", "acdl"]
+    assert manifest["metrics"]["parameter_ratio"] > 1
+    assert manifest["metrics"]["validation"]["accuracy"] >= 80
+    assert "teacher_validation" in manifest["metrics"]
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    trained = [e for e in log if "acdl" in e]
+    assert trained and all(0 < e["sar_w"] < 1 for e in trained)
+    model = AutoModelForSequenceClassification.from_pretrained(out)
+    assert model.config.num_hidden_layers == 2
+    assert "A-CDL" in (out / "README.md").read_text()
+
+
+def test_resume_restores_predictors_and_storage_exactly(teacher, sentiment, tmp_path):
+    from modelshrink.contrastive import ContrastiveOptions, contrastive
+
+    train, _ = sentiment
+    kw = dict(data=str(train), teacher=str(teacher), layers=2, max_steps=8, save_every=4, log_every=1, lr=1e-3,
+              batch_size=8, storage_size=20, device="cpu")
+    whole = contrastive(ContrastiveOptions(**kw), tmp_path / "whole")
+
+    def stop_at_6(entry):
+        if entry["step"] == 6:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        contrastive(ContrastiveOptions(**kw), out, progress=stop_at_6)
+    checkpoint = load_file(staging_path(out) / "checkpoints" / "step-4" / "model.safetensors")
+    assert "storage.features" in checkpoint and any(k.startswith("predictors.") for k in checkpoint)
+    resumed = contrastive(ContrastiveOptions(**kw), out, resume=True)
+    a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_regression_needs_label_bins_for_the_contrastive_term(encoder, sentiment, tmp_path):
+    train, valid = sentiment
+    reg = tmp_path / "reg-teacher"
+    result = _invoke("contrastive", train, "-o", reg, "--student", encoder, "--label-column", "score",
+                     "--max-steps", 10, "--lr", 2e-3, "--batch-size", 16, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert read_manifest(reg)["resolved"]["task"] == "regression"
+    common = ["contrastive", train, "--teacher", reg, "--layers", 2, "--label-column", "score", "--max-steps", 4,
+              "--batch-size", 16, "--device", "cpu"]
+    bad = _invoke(*common, "-o", tmp_path / "no-bins")
+    assert bad.exit_code == 1 and "--label-bins" in bad.output
+    assert not (tmp_path / "no-bins").exists()
+    good = _invoke(*common, "-o", tmp_path / "bins", "--label-bins", 2, "--validation", valid)
+    assert good.exit_code == 0, good.output
+    manifest = read_manifest(tmp_path / "bins")
+    assert len(manifest["resolved"]["label_bin_edges"]) == 1
+    assert "pearson" in manifest["metrics"]["validation"]
+
+
+@pytest.fixture(scope="module")
+def other_tokenizer_classifier(tmp_path_factory):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    tok = t5_tokenizer()
+    model = BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                                                     num_attention_heads=2, intermediate_size=64))
+    path = tmp_path_factory.mktemp("other") / "other-tok"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("case, message", [
+    ("one-class", "one class only"),
+    ("extra-class", "has label 2; the model predicts 2 classes"),
+    ("tokenizer", "tokenizers differ"),
+    ("seq2seq", "is a seq2seq model"),
+    ("layers-without-teacher", "give --teacher"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(case, message, teacher, sentiment, saved_models,
+                                                  other_tokenizer_classifier, tmp_path):
+    train, _ = sentiment
+    rows = [json.loads(line) for line in train.read_text().splitlines()]
+    args = ["--teacher", teacher, "--layers", 2]
+    data = train
+    if case == "one-class":
+        data = write_jsonl(tmp_path / "one.jsonl", [{**r, "label": 1} for r in rows])
+    elif case == "extra-class":
+        data = write_jsonl(tmp_path / "three.jsonl", rows[:5] + [{**rows[5], "label": 2}])
+    elif case == "tokenizer":
+        args = ["--teacher", teacher, "--student", other_tokenizer_classifier]
+    elif case == "seq2seq":
+        args = ["--teacher", saved_models["bart"], "--layers", 1]
+    elif case == "layers-without-teacher":
+        args = ["--student", teacher, "--layers", 2]
+    out = tmp_path / "out"
+    result = _invoke("contrastive", data, "-o", out, *args, "--max-steps", 2, "--device", "cpu")
+    assert result.exit_code == 1
+    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and message in errors[0] and result.output.strip().endswith(errors[0]), result.output
+    assert not out.exists() and not staging_path(out).exists()
+
+
+def _gather_worker(rank: int, world: int, port: int, queue) -> None:
+    import torch.distributed as dist
+
+    from modelshrink.ackd import gather_across_processes
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    n = 3 if rank == 0 else 2  # unequal last batches
+    features = [torch.full((n, 4), float(rank)) + torch.arange(n)[:, None]]
+    labels = torch.arange(n) + 10 * rank
+    got, got_labels = gather_across_processes(features, labels)
+    queue.put((rank, got[0].tolist(), got_labels.tolist()))
+    dist.destroy_process_group()
+
+
+def test_storage_gathers_every_process_batch():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_gather_worker, args=(r, 2, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict((r, (f, y)) for r, f, y in (queue.get(timeout=120) for _ in procs))
+    for p in procs:
+        p.join(timeout=60)
+    expected_labels = [0, 1, 2, 10, 11]
+    assert results[0] == results[1] and results[0][1] == expected_labels
+    assert [row[0] for row in results[0][0]] == [0.0, 1.0, 2.0, 1.0, 2.0]
+
+
+def test_two_process_accelerate_launch(teacher, sentiment, tmp_path):
+    train, _ = sentiment
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "modelshrink",
+           "contrastive", str(train), "-o", str(out), "--teacher", str(teacher), "--layers", "2", "--max-steps", "4",
+           "--batch-size", "4", "--storage-size", "12", "--device", "cpu"]
+    result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines() == [str(out)]
+    assert read_manifest(out)["resolved"]["processes"] == 2
