@@ -11,6 +11,7 @@ from modelshrink import __version__
 from modelshrink.commands.contrastive import EPILOG as CONTRASTIVE_EPILOG, contrastive_command
 from modelshrink.commands.distill import EPILOG as DISTILL_EPILOG, distill_command
 from modelshrink.commands.eval import EPILOG as EVAL_EPILOG, eval_command
+from modelshrink.commands.export import EPILOG as EXPORT_EPILOG, RUN_EPILOG, export_command, run_command
 from modelshrink.commands.pseudolabel import EPILOG as PSEUDOLABEL_EPILOG, pseudolabel
 from modelshrink.commands.quantize import EPILOG as QUANTIZE_EPILOG, quantize_command
 from modelshrink.commands.quickstart import quickstart
@@ -97,6 +98,8 @@ app.command("distill", epilog=DISTILL_EPILOG, no_args_is_help=True)(distill_comm
 app.command("quantize", epilog=QUANTIZE_EPILOG, no_args_is_help=True)(quantize_command)
 app.command("contrastive", epilog=CONTRASTIVE_EPILOG, no_args_is_help=True)(contrastive_command)
 app.command("eval", epilog=EVAL_EPILOG, no_args_is_help=True)(eval_command)
+app.command("export", epilog=EXPORT_EPILOG, no_args_is_help=True)(export_command)
+app.command("run", epilog=RUN_EPILOG, no_args_is_help=True)(run_command)
 app.command("quickstart")(quickstart)
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import torch
 
 from modelshrink.artifacts import ArtifactWriter, check_output, parent_ref, read_manifest
 from modelshrink.data import DataSource, examples, open_data, pick_columns, unique_keys
@@ -306,12 +305,15 @@ def _summarize_with_model(options: EvalOptions, source: DataSource, output: Path
     from modelshrink.efficiency import latency, parameter_count, peak_memory, reset_peak_memory, weight_bytes
     from modelshrink.generation import decode, generate_ids, plan_batches, resolve_generation
     from modelshrink.models import default_source_length, load_seq2seq, resolve_device
+    from modelshrink.runtime import is_export
 
     text_column, summary_column = pick_columns(source.columns, options.text_column, options.summary_column,
                                                need_summary=True, source=str(options.data))
     docs = list(examples(source, text_column, summary_column, options.id_column, options.limit))
     if not docs:
         raise UserError(f"data {options.data} has no rows")
+    if is_export(options.model):
+        return _summarize_with_export(options, docs, progress, log)
     if options.attention_plot is not None and options.attention_plot not in {d.id for d in docs}:
         raise UserError(f"--attention-plot: no document with id '{options.attention_plot}' in {options.data}")
     device = resolve_device(options.device)
@@ -380,6 +382,10 @@ def _classify_with_model(options: EvalOptions, task: str, progress: ProgressFn |
 
     from modelshrink.classify import predict, read_labeled
 
+    from modelshrink.runtime import is_export
+
+    if is_export(options.model):
+        return _classify_with_export(options, task, progress)
     device = resolve_device(options.device)
     model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, device)
     items = read_labeled(options.data, split=options.split, text_column=options.text_column,
@@ -408,6 +414,85 @@ def _classify_with_model(options: EvalOptions, task: str, progress: ProgressFn |
     rows = [{"id": i["id"], "text": i["text"], **({"text_pair": i["text_pair"]} if i["text_pair"] is not None else {}),
              "prediction": i["prediction"], "label": i["label"]} for i in items]
     return rows, efficiency, {"text_column": text_column, "label_column": label_column}
+
+
+# An export folder (`modelshrink export`) runs in the torch-free runtime, so ROUGE, accuracy and latency are
+# those of the deployed form, measured by the same scoring and latency code as a PyTorch model.
+
+def _export_efficiency(options: EvalOptions, runtime: Any, count: int, seconds: float) -> dict[str, Any]:
+    from modelshrink.efficiency import weight_bytes
+
+    return {"parameters": runtime.parameter_count(), "bytes_on_disk": weight_bytes(options.model),
+            "throughput_docs_per_s": round(count / seconds, 4), "throughput_batch_size": options.batch_size,
+            "device": "cpu (onnxruntime)"}
+
+
+def _summarize_with_export(options: EvalOptions, docs: list[Any], progress: ProgressFn | None,
+                           log: LogFn) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any], Any]:
+    from modelshrink.efficiency import latency
+    from modelshrink.models import load_tokenizer
+    from modelshrink.runtime import load
+
+    if options.attention_stats or options.attention_plot:
+        raise UserError("--attention-stats and --attention-plot need the PyTorch model, not an export folder")
+    runtime = load(options.model)
+    overrides = dict(num_beams=options.num_beams, length_penalty=options.length_penalty,
+                     min_length=options.min_length, max_length=options.max_length,
+                     no_repeat_ngram_size=options.no_repeat_ngram_size)
+    settings = runtime.settings(**overrides)
+    max_source_length = options.max_source_length or runtime.max_source_length
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for start in range(0, len(docs), options.batch_size):
+        batch = docs[start:start + options.batch_size]
+        texts = runtime.summarize([d.document for d in batch], len(batch), max_source_length, **overrides)
+        rows += [{"id": d.id, "document": d.document, "prediction": t, "reference": d.reference}
+                 for d, t in zip(batch, texts)]
+        if progress:
+            progress(len(rows), len(docs))
+    efficiency = _export_efficiency(options, runtime, len(docs), time.perf_counter() - started)
+    if options.latency_docs:
+        log(f"measuring latency at batch 1 on {min(options.latency_docs, len(docs))} documents")
+        efficiency.update({k: round(v, 3) if isinstance(v, float) else v for k, v in latency(
+            lambda d: runtime.summarize([d.document], 1, max_source_length, **overrides),
+            docs[:options.latency_docs]).items()})
+    generation = {k: getattr(settings, k) for k in ("num_beams", "length_penalty", "min_length", "max_length",
+                                                     "no_repeat_ngram_size", "early_stopping")}
+    extra = {"generation": generation, "max_source_length": max_source_length, "family": "onnx export"}
+    return rows, efficiency, extra, load_tokenizer(options.model, "export")
+
+
+def _classify_with_export(options: EvalOptions, task: str, progress: ProgressFn | None
+                          ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    from modelshrink.classify import read_labeled
+    from modelshrink.efficiency import latency
+    from modelshrink.runtime import load
+
+    runtime = load(options.model)
+    config = runtime.config
+    items = read_labeled(options.data, split=options.split, text_column=options.text_column,
+                         text_pair_column=options.text_pair_column, label_column=options.label_column,
+                         id_column=options.id_column, limit=options.limit, num_labels=len(config.get("id2label") or {}) or None,
+                         label2id=config.get("label2id"), task=task)
+
+    def predict(batch: list[dict[str, Any]]) -> list[Any]:
+        pairs = [i["text_pair"] for i in batch] if batch[0]["text_pair"] is not None else None
+        return runtime.classify([i["text"] for i in batch], pairs, len(batch))
+
+    started = time.perf_counter()
+    for start in range(0, len(items), options.batch_size):
+        batch = items[start:start + options.batch_size]
+        for item, prediction in zip(batch, predict(batch)):
+            item["prediction"] = prediction
+        if progress:
+            progress(min(start + options.batch_size, len(items)), len(items))
+    efficiency = _export_efficiency(options, runtime, len(items), time.perf_counter() - started)
+    if options.latency_docs:
+        efficiency.update({k: round(v, 3) if isinstance(v, float) else v
+                           for k, v in latency(lambda item: predict([item]), items[:options.latency_docs]).items()})
+    rows = [{"id": i["id"], "text": i["text"], **({"text_pair": i["text_pair"]} if i["text_pair"] is not None else {}),
+             "prediction": i["prediction"], "label": i["label"]} for i in items]
+    return rows, efficiency, {"text_column": options.text_column or "auto", "label_column": options.label_column or "label"}
 
 
 def _labels_from_file(source: DataSource, options: EvalOptions) -> tuple[list[dict[str, Any]], str]:

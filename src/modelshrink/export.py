@@ -1,0 +1,445 @@
+"""`export`: a model artifact as ONNX graphs that a service runs with onnxruntime alone.
+
+A seq2seq model becomes three graphs under Optimum's names, so existing tooling (Optimum's
+`ORTModelForSeq2SeqLM`, our `modelshrink.runtime`) recognizes them:
+
+- encoder_model.onnx: input_ids, attention_mask -> last_hidden_state
+- decoder_model.onnx (the first step): input_ids, encoder_attention_mask, encoder_hidden_states ->
+  logits, present.{i}.decoder.key/value, present.{i}.encoder.key/value
+- decoder_with_past_model.onnx (every later step): input_ids, encoder_attention_mask,
+  past_key_values.{i}.decoder.key/value, past_key_values.{i}.encoder.key/value -> logits,
+  present.{i}.decoder.key/value (the cross-attention keys and values never change after step one)
+
+A classifier becomes model.onnx (input_ids, attention_mask[, token_type_ids] -> logits). Batch and
+sequence axes are dynamic. The decoders are exported through a small wrapper that takes and returns
+flat tensors and builds transformers' cache object inside, because the exporter cannot trace
+through a cache object passed in from outside.
+
+Size: a `quantize` artifact's weights are α·b with integer b; `compact_quantized` finds those
+initializers and stores them as int8 with a DequantizeLinear node (one scale per tensor or per row),
+so a 2-2-8 or 8-8-8 model stays about 4× smaller than float32 in the export. `--int8` instead runs
+onnxruntime's dynamic quantization (int8 weights, int8 matmuls with activations quantized on the fly).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
+from modelshrink.errors import UserError
+from modelshrink.runtime import CLASSIFIER, DECODER, DECODER_WITH_PAST, DEQUANTIZED, ENCODER
+
+LogFn = Callable[[str], None]
+MIN_OPSET, MAX_OPSET = 14, 20  # 14: the attention ops of these models; 20: the newest the torch exporter writes
+CLASSIFIER_TYPES = ("bert", "roberta", "distilbert", "electra", "xlm-roberta")
+FLOAT_ATOL = 1e-4
+# Dynamic int8 quantizes every activation on the fly, so outputs move by a few percent of their magnitude
+# (up to ~20% on the tiny random test models, whose 32-wide layers average little of the rounding away);
+# the check then bounds each output's difference by a quarter of its largest magnitude, which catches a
+# broken graph (differences of the order of the output itself) and not the expected int8 noise.
+INT8_RTOL = 0.25
+# A `quantize` artifact fake-quantizes activations at 8 bits: where float32 sums in another order land on the
+# other side of a rounding boundary, one value moves by a whole step (1/127 of its tensor's range) and
+# carries on downstream; differences of a few percent are that, not a broken graph.
+QUANTIZED_RTOL = 0.05
+
+
+@dataclass
+class ExportOptions:
+    """Every option of `modelshrink export`; names match the command line."""
+
+    model: str
+    opset: int = 17
+    int8: bool = False
+    per_channel: bool = False
+    validate: bool = True
+    atol: float | None = None
+    data: str | None = None
+    text_column: str | None = None
+    samples: int = 4
+    generation_docs: int = 4
+    max_source_length: int | None = None
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        if not MIN_OPSET <= self.opset <= MAX_OPSET:
+            raise UserError(f"--opset must be between {MIN_OPSET} and {MAX_OPSET}, got {self.opset}")
+        if self.per_channel and not self.int8:
+            raise UserError("--per-channel applies to --int8")
+        if self.atol is not None and not self.atol > 0:
+            raise UserError(f"--atol must be > 0, got {self.atol}")
+        for name, low in (("samples", 1), ("generation_docs", 0), ("max_source_length", 1)):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise UserError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+
+
+# ---------------------------------------------------------------- what a model is
+
+def inspect(spec: str, trust_remote_code: bool = False) -> tuple[str, Any]:
+    """('seq2seq' | 'classifier', config); one-line errors for anything without an export path."""
+    from modelshrink.families import family_of
+    from modelshrink.models import load_config
+
+    path = Path(spec)
+    if path.is_dir() and not (path / "config.json").is_file():
+        manifest = read_manifest(path)
+        what = f"a {manifest['kind']} artifact (step {manifest['step']})" if manifest else "a folder without config.json"
+        raise UserError(f"{spec} is not a model: it is {what}; expected a model artifact or save_pretrained folder")
+    config = load_config(spec, "model", trust_remote_code)
+    if getattr(config, "is_encoder_decoder", False):
+        family_of(config)  # a UserError naming the supported families
+        return "seq2seq", config
+    if config.model_type in CLASSIFIER_TYPES and any(a.endswith("ForSequenceClassification")
+                                                     for a in (config.architectures or [])):
+        return "classifier", config
+    raise UserError(f"no export path for model type '{config.model_type}' "
+                    f"({', '.join(config.architectures or []) or 'no architecture'}); supported: seq2seq families "
+                    f"and sequence classifiers of type {', '.join(CLASSIFIER_TYPES)}")
+
+
+def _decoder_layers(config: Any) -> int:
+    for holder in (config, getattr(config, "decoder", None)):
+        for name in ("decoder_layers", "num_decoder_layers", "num_hidden_layers"):
+            value = getattr(holder, name, None) if holder is not None else None
+            if value:
+                return int(value)
+    raise UserError(f"cannot tell the decoder depth of a {config.model_type} model")
+
+
+def _eager(model: torch.nn.Module) -> None:
+    # Eager attention traces into plain MatMul/Softmax; quantized artifacts keep their own attention function.
+    if getattr(model.config, "_attn_implementation", None) in ("sdpa", "flash_attention_2", "flex_attention"):
+        model.set_attn_implementation("eager")
+
+
+# ---------------------------------------------------------------- wrappers with flat tensors
+
+class EncoderGraph(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.encoder = model.get_encoder()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask, return_dict=True).last_hidden_state
+
+
+class DecoderGraph(torch.nn.Module):
+    """One decoder step of the whole model (so BART's final_logits_bias, T5's output scaling and
+    bert2bert's encoder projection stay where the model applies them)."""
+
+    def __init__(self, model: torch.nn.Module, layers: int, with_past: bool):
+        super().__init__()
+        self.model, self.layers, self.with_past = model, layers, with_past
+        encoder_config = model.get_encoder().config
+        self.width = getattr(encoder_config, "d_model", None) or encoder_config.hidden_size
+
+    def forward(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor, *rest: torch.Tensor):
+        from transformers.cache_utils import EncoderDecoderCache
+
+        if self.with_past:
+            past = rest
+            cache = EncoderDecoderCache(tuple(tuple(past[4 * i:4 * i + 4]) for i in range(self.layers)))
+            # cross-attention reads the cached keys and values; the hidden states only fix the shape
+            batch, source = encoder_attention_mask.shape
+            hidden = past[2].new_zeros(batch, source, self.width)
+            encoder_outputs = (hidden,)
+        else:
+            cache, encoder_outputs = None, (rest[0],)
+        out = self.model(encoder_outputs=encoder_outputs, attention_mask=encoder_attention_mask,
+                         decoder_input_ids=input_ids, past_key_values=cache, use_cache=True, return_dict=True)
+        flat = []
+        for i in range(self.layers):
+            own, cross = out.past_key_values.self_attention_cache.layers[i], \
+                out.past_key_values.cross_attention_cache.layers[i]
+            flat += [own.keys, own.values] + ([] if self.with_past else [cross.keys, cross.values])
+        return (out.logits, *flat)
+
+
+def present_names(layers: int, with_past: bool) -> list[str]:
+    names = []
+    for i in range(layers):
+        names += [f"present.{i}.decoder.key", f"present.{i}.decoder.value"]
+        if not with_past:
+            names += [f"present.{i}.encoder.key", f"present.{i}.encoder.value"]
+    return names
+
+
+def _export(module: torch.nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str],
+            axes: dict[str, dict[int, str]], opset: int) -> None:
+    import warnings
+
+    module.eval()  # the exporter restores the wrapper's mode afterwards, and a new Module is in training mode
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, str(path), dynamo=False, opset_version=opset, input_names=inputs,
+                          output_names=outputs, dynamic_axes=axes, do_constant_folding=True)
+
+
+def sample_decoder_ids(batch: int, length: int, vocab: int, start: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, length), generator=g)
+    ids[:, 0] = start
+    return ids
+
+
+def export_seq2seq(model: torch.nn.Module, folder: Path, enc: dict[str, torch.Tensor], opset: int) -> list[str]:
+    layers = _decoder_layers(model.config)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    start = model.generation_config.decoder_start_token_id or 0
+    encoder = EncoderGraph(model)
+    _export(encoder, (enc["input_ids"], enc["attention_mask"]), folder / ENCODER,
+            ["input_ids", "attention_mask"], ["last_hidden_state"],
+            {"input_ids": {0: "batch", 1: "source"}, "attention_mask": {0: "batch", 1: "source"},
+             "last_hidden_state": {0: "batch", 1: "source"}}, opset)
+    with torch.no_grad():
+        hidden = encoder.eval()(enc["input_ids"], enc["attention_mask"])
+    batch = hidden.shape[0]
+    dec_ids = sample_decoder_ids(batch, 3, vocab, start)
+    first = DecoderGraph(model, layers, with_past=False)
+    names = present_names(layers, False)
+    axes = {"input_ids": {0: "batch", 1: "target"}, "encoder_attention_mask": {0: "batch", 1: "source"},
+            "encoder_hidden_states": {0: "batch", 1: "source"}, "logits": {0: "batch", 1: "target"}}
+    axes.update({n: {0: "batch", 2: "target" if ".decoder." in n else "source"} for n in names})
+    _export(first, (dec_ids, enc["attention_mask"], hidden), folder / DECODER,
+            ["input_ids", "encoder_attention_mask", "encoder_hidden_states"], ["logits", *names], axes, opset)
+    with torch.no_grad():
+        past = first.eval()(dec_ids, enc["attention_mask"], hidden)[1:]
+    past_names = [n.replace("present", "past_key_values") for n in names]
+    new_names = present_names(layers, True)
+    axes = {"input_ids": {0: "batch"}, "encoder_attention_mask": {0: "batch", 1: "source"}, "logits": {0: "batch"}}
+    axes.update({n: {0: "batch", 2: "past" if ".decoder." in n else "source"} for n in past_names})
+    axes.update({n: {0: "batch", 2: "past_and_one"} for n in new_names})
+    _export(DecoderGraph(model, layers, with_past=True), (dec_ids[:, -1:], enc["attention_mask"], *past),
+            folder / DECODER_WITH_PAST, ["input_ids", "encoder_attention_mask", *past_names], ["logits", *new_names],
+            axes, opset)
+    return [ENCODER, DECODER, DECODER_WITH_PAST]
+
+
+class ClassifierGraph(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, names: list[str]):
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(**dict(zip(self.names, inputs)), return_dict=True).logits
+
+
+def export_classifier(model: torch.nn.Module, folder: Path, enc: dict[str, torch.Tensor], opset: int) -> list[str]:
+    names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in enc]
+    axes = {n: {0: "batch", 1: "sequence"} for n in names}
+    axes["logits"] = {0: "batch"}
+    _export(ClassifierGraph(model, names), tuple(enc[n] for n in names), folder / CLASSIFIER, names, ["logits"],
+            axes, opset)
+    return [CLASSIFIER]
+
+
+# ---------------------------------------------------------------- size
+
+def compact_quantized(path: Path, thresholds: set[int]) -> dict[str, int]:
+    """Store float initializers whose values are α·b (b integer, |b| <= a threshold) as int8 + DequantizeLinear.
+
+    The values are recognised rather than looked up by name: the exporter renames and transposes
+    linear weights, but it keeps their values exactly."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    consumers = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    replaced, saved = 0, 0
+    kept = []
+    new_nodes = []
+    for init in graph.initializer:
+        w = numpy_helper.to_array(init) if init.data_type == onnx.TensorProto.FLOAT else None
+        found = _integer_form(w, thresholds) if w is not None and w.ndim == 2 and w.size >= 256 else None
+        if found is None:
+            kept.append(init)
+            continue
+        b, scale, axis = found
+        q_name, s_name, z_name = init.name + "_int8", init.name + "_scale", init.name + "_zero"
+        kept += [numpy_helper.from_array(b, q_name), numpy_helper.from_array(scale, s_name),
+                 numpy_helper.from_array(np.zeros(scale.shape, dtype=np.int8), z_name)]
+        attrs = {"axis": axis} if scale.ndim == 1 else {}
+        new_nodes.append(helper.make_node("DequantizeLinear", [q_name, s_name, z_name], [init.name],
+                                          name=init.name + "_dequantize", **attrs))
+        replaced += 1
+        saved += w.nbytes - b.nbytes - scale.nbytes * 2
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    for node in reversed(new_nodes):
+        graph.node.insert(0, node)
+    onnx.save(model, str(path))
+    return {"int8_initializers": replaced, "bytes_saved": int(saved)}
+
+
+def _integer_form(w: np.ndarray, thresholds: set[int]) -> tuple[np.ndarray, np.ndarray, int] | None:
+    for th in sorted(thresholds):
+        for axis in (None, 0, 1):  # per tensor, per row of the stored matrix, per row of a transposed weight
+            max_abs = np.abs(w).max(axis=None if axis is None else 1 - axis, keepdims=axis is not None)
+            alpha = np.where(max_abs > 0, max_abs / th, 1.0).astype(np.float32)
+            b = np.round(w / alpha)
+            if np.abs(b).max() > th or np.abs(b * alpha - w).max() > 1e-6 * max(float(np.abs(w).max()), 1e-30):
+                continue
+            scale = alpha.reshape(()) if axis is None else alpha.reshape(-1)
+            return b.astype(np.int8), scale.astype(np.float32), (axis if axis is not None else 0)
+    return None
+
+
+def quantize_int8(path: Path, per_channel: bool) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    tmp = path.with_suffix(".int8.onnx")
+    quantize_dynamic(str(path), str(tmp), per_channel=per_channel, weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["MatMul", "Gemm"])
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------- the step
+
+def _sample_texts(options: ExportOptions, tokenizer: Any, count: int) -> list[str]:
+    """Documents to validate with: from --data, else made of the tokenizer's own words."""
+    if options.data is not None:
+        from modelshrink.data import open_data, pick_columns
+
+        source = open_data(options.data)
+        text_column, _ = pick_columns(source.columns, options.text_column, source=options.data)
+        texts = []
+        for row in source.rows():
+            texts.append(str(row[text_column]))
+            if len(texts) == count:
+                break
+        if not texts:
+            raise UserError(f"data {options.data} has no rows")
+        return texts
+    special = set(tokenizer.all_special_tokens)
+    words = [w for w, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]) if w not in special
+             and w.isalpha()][:2000] or ["hello", "world"]
+    rng = np.random.default_rng(0)
+    return [" ".join(rng.choice(words, size=4 + 5 * i)) for i in range(count)]
+
+
+def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool = False,
+                 log: LogFn = lambda m: None) -> tuple[Path, dict[str, Any]]:
+    """Write the export folder; returns (path, report). A failed check raises `ExportCheckFailed`
+    after the folder and its report are written."""
+    from modelshrink.export_check import ExportCheckFailed, validate
+    from modelshrink.models import default_source_length, load_classifier, load_seq2seq, load_tokenizer
+
+    writer = ArtifactWriter(output, overwrite=overwrite)
+    writer.check()
+    kind, config = inspect(options.model, options.trust_remote_code)
+    local = Path(options.model)
+    if local.is_dir() and not any((local / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
+        raise UserError(f"{options.model} has no tokenizer (tokenizer.json); an export folder must be complete, so "
+                        "save the tokenizer beside the model first")
+    load_tokenizer(options.model, "model", options.trust_remote_code)  # a missing tokenizer fails here, not later
+    if kind == "seq2seq":
+        model, tokenizer, _ = load_seq2seq(options.model, "model", options.trust_remote_code)
+    else:
+        model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code)
+    _eager(model)
+    qc = getattr(config, "quantization_config", None)
+    quantized = dict(qc) if isinstance(qc, dict) and qc.get("quant_method") == "modelshrink" else None
+    max_source_length = options.max_source_length or default_source_length(tokenizer, model.config)
+    texts = _sample_texts(options, tokenizer, max(options.samples, 2))
+    enc = dict(tokenizer(texts[:2], truncation=True, max_length=max_source_length, padding=True, return_tensors="pt"))
+    if kind == "classifier" and "token_type_ids" not in enc and config.model_type == "bert":
+        enc["token_type_ids"] = torch.zeros_like(enc["input_ids"])
+    with writer:
+        folder = writer.staging
+        log(f"exporting {kind} {options.model} to ONNX (opset {options.opset})")
+        graphs = (export_seq2seq if kind == "seq2seq" else export_classifier)(model, folder, enc, options.opset)
+        storage: dict[str, Any] = {}
+        if quantized is not None:
+            thresholds = {1 if b == 2 else 2 ** (b - 1) - 1 for b in (quantized["weight_bits"],
+                                                                      quantized["embedding_bits"])}
+            for name in graphs:
+                storage[name] = compact_quantized(folder / name, thresholds)
+        float_dir = None
+        if options.int8:
+            float_dir = folder.parent / f".{folder.name}.float32"
+            if float_dir.exists():
+                shutil.rmtree(float_dir)
+            float_dir.mkdir()
+            for name in graphs:
+                shutil.copy2(folder / name, float_dir / name)
+                log(f"int8: dynamic quantization of {name}")
+                quantize_int8(folder / name, options.per_channel)
+        _write_companions(model, tokenizer, folder, kind)
+        resolved = {"kind": kind, "graphs": graphs, "max_source_length": max_source_length,
+                    "quantized_artifact": quantized["bits"] if quantized else None,
+                    "weights": "int8 (onnxruntime dynamic)" if options.int8 else (
+                        DEQUANTIZED if quantized else "float32")}
+        (folder / "modelshrink.json").write_text(json.dumps({"resolved": resolved}))  # the runtime reads it
+        rtol = INT8_RTOL if options.int8 else (QUANTIZED_RTOL if quantized else None)
+        atol = options.atol if options.atol is not None else (None if rtol else FLOAT_ATOL)
+        report: dict[str, Any] = {"kind": kind, "graphs": graphs, "opset": options.opset, "int8": options.int8,
+                                  "per_channel": options.per_channel, "storage": storage,
+                                  "bytes": {n: (folder / n).stat().st_size for n in graphs}}
+        failure = None
+        if options.validate:
+            log(f"validating against PyTorch on {len(texts)} documents")
+            check = validate(model, tokenizer, folder, kind, texts, max_source_length, atol=atol, rtol=rtol,
+                             generation_docs=options.generation_docs, log=log)
+            report["validation"] = check
+            failure = check.get("failure")
+        if float_dir is not None:
+            shutil.rmtree(float_dir, ignore_errors=True)
+        (folder / "export_report.json").write_text(json.dumps(report, indent=2) + "\n")
+        _model_card(folder, options, report)
+        metrics = {"validated": options.validate, "passed": failure is None if options.validate else None}
+        if options.validate:
+            metrics["max_abs_diff"] = report["validation"]["max_abs_diff"]
+            for key in ("generation", "predictions"):
+                if key in report["validation"]:
+                    metrics[f"{key}_agreement"] = report["validation"][key]["agreement"]
+        path = writer.commit(step="export", kind="model", options=asdict(options),
+                             parents=[parent_ref("model", options.model)], metrics=metrics, resolved=resolved)
+    if failure:
+        raise ExportCheckFailed(failure, str(path))
+    return path, report
+
+
+def _write_companions(model: Any, tokenizer: Any, folder: Path, kind: str) -> None:
+    """config.json (without modelshrink's quantization entry: the graphs hold the weights), generation
+    config and tokenizer files, so that the folder is complete on its own."""
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if kind == "seq2seq" and getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    if not (folder / "tokenizer.json").is_file():
+        raise UserError("the model's tokenizer has no fast (tokenizer.json) form, which the torch-free runtime needs")
+
+
+def _model_card(folder: Path, options: ExportOptions, report: dict[str, Any]) -> None:
+    check = report.get("validation", {})
+    lines = ["---", "library_name: onnxruntime", "tags: [onnx, modelshrink]", "---", "",
+             f"# ONNX export of `{Path(options.model).name}`", "",
+             f"Exported by `modelshrink export` from `{options.model}` (opset {options.opset}"
+             f"{', int8 dynamic quantization' if options.int8 else ''}).", "",
+             "Graphs: " + ", ".join(f"`{g}` ({report['bytes'][g] / 1e6:.1f} MB)" for g in report["graphs"]) + ".", "",
+             "Run it without torch:", "", "```python", "from modelshrink.runtime import load",
+             f"model = load(\"{folder.name if folder.name[0] != '.' else 'THIS_FOLDER'}\")",
+             "print(model.summarize([\"a document\"]))" if report["kind"] == "seq2seq" else
+             "print(model.classify([\"a sentence\"]))", "```", ""]
+    if check:
+        lines += ["## Validation against PyTorch", "",
+                  f"Largest absolute difference over all outputs: {check['max_abs_diff']:.3g} "
+                  f"(tolerance: {check['tolerance']}).", ""]
+        if "generation" in check:
+            g = check["generation"]
+            lines += [f"Generated tokens equal to PyTorch's: {g['agreement']}.", ""]
+    (folder / "README.md").write_text("\n".join(lines))

@@ -1,0 +1,151 @@
+"""Validation of an export folder against the PyTorch model it came from.
+
+Two checks, both on documents the export did not trace with (other batch size, lengths, past length):
+1. outputs: PyTorch and onnxruntime on the same inputs, graph by graph; the largest absolute
+   difference of every output against the tolerance (--atol, 1e-4 for float32 graphs; for --int8,
+   a quarter of each output's largest magnitude, for a `quantize` artifact 5%, unless --atol is
+   given: see export.INT8_RTOL and QUANTIZED_RTOL);
+2. generation: the torch-free runtime's tokens against `model.generate`'s, greedy and beam search with
+   the model's generation settings, one document at a time; for classifiers, the predicted labels.
+   A float32 export must agree everywhere; differences of int8 graphs and of quantized artifacts
+   (whose activations round at 8 bits) are listed, not failed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from modelshrink.errors import CheckFailed
+
+DIFFERENCES_LISTED = 10
+
+
+class ExportCheckFailed(CheckFailed):
+    """The export was written, but it does not compute what the PyTorch model computes."""
+
+
+def _compare(name: str, reference: list[torch.Tensor], got: list[np.ndarray], names: list[str],
+             diffs: dict[str, dict[str, float]]) -> None:
+    for output, ref, value in zip(names, reference, got):
+        ref = ref.detach().float().numpy()
+        diffs[f"{name}:{output}"] = {"max_abs_diff": float(np.abs(ref - value).max()),
+                                     "reference_max_abs": float(np.abs(ref).max())}
+
+
+def output_differences(model: Any, tokenizer: Any, runtime: Any, kind: str, texts: list[str],
+                       max_source_length: int) -> dict[str, dict[str, float]]:
+    from modelshrink.export import (ClassifierGraph, DecoderGraph, EncoderGraph, _decoder_layers,
+                                    sample_decoder_ids)
+
+    enc = tokenizer(texts, truncation=True, max_length=max_source_length, padding=True, return_tensors="pt")
+    diffs: dict[str, dict[str, float]] = {}
+    with torch.no_grad():
+        if kind == "classifier":
+            names = sorted(runtime.classifier_inputs)
+            feed = {n: enc[n] if n in enc else torch.zeros_like(enc["input_ids"]) for n in names}
+            logits = ClassifierGraph(model, names).eval()(*feed.values())
+            _compare("model.onnx", [logits], runtime.classifier.run(None, {k: v.numpy() for k, v in feed.items()}),
+                     ["logits"], diffs)
+            return diffs
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        hidden = EncoderGraph(model).eval()(ids, mask)
+        _compare("encoder_model.onnx", [hidden], runtime.encoder.run(None, {"input_ids": ids.numpy(),
+                                                                            "attention_mask": mask.numpy()}),
+                 ["last_hidden_state"], diffs)
+        layers = _decoder_layers(model.config)
+        vocab = model.get_output_embeddings().weight.shape[0]
+        dec_ids = sample_decoder_ids(ids.shape[0], 5, vocab, model.generation_config.decoder_start_token_id or 0, 1)
+        first = DecoderGraph(model, layers, with_past=False).eval()(dec_ids, mask, hidden)
+        names = [o.name for o in runtime.decoder.get_outputs()]
+        got = runtime.decoder.run(None, {"input_ids": dec_ids.numpy(), "encoder_attention_mask": mask.numpy(),
+                                         "encoder_hidden_states": hidden.numpy()})
+        _compare("decoder_model.onnx", list(first), got, names, diffs)
+        step = dec_ids[:, -1:].flip(0)
+        following = DecoderGraph(model, layers, with_past=True).eval()(step, mask, *first[1:])
+        past = {n.replace("present", "past_key_values"): t.numpy() for n, t in zip(names[1:], first[1:])}
+        got = runtime.decoder_with_past.run(None, {"input_ids": step.numpy(), "encoder_attention_mask": mask.numpy(),
+                                                   **past})
+        _compare("decoder_with_past_model.onnx", list(following), got,
+                 [o.name for o in runtime.decoder_with_past.get_outputs()], diffs)
+    return diffs
+
+
+def generation_agreement(model: Any, tokenizer: Any, runtime: Any, texts: list[str], max_source_length: int,
+                         log: Callable[[str], None]) -> dict[str, Any]:
+    """Tokens of the runtime against `generate`, greedy and beam, one document at a time."""
+    from modelshrink.generation import decode, generate_ids, resolve_generation
+
+    beams = max(int(getattr(model.generation_config, "num_beams", 1) or 1), 2)
+    modes = {"greedy": 1, f"beam {beams}": beams}
+    differences, agree, total = [], 0, 0
+    for mode, num_beams in modes.items():
+        settings = resolve_generation(model.generation_config, num_beams=num_beams)
+        search = runtime.settings(num_beams=num_beams)
+        for index, text in enumerate(texts):
+            enc = tokenizer([text], truncation=True, max_length=max_source_length, return_tensors="pt")
+            expected = generate_ids(model, enc["input_ids"], enc["attention_mask"], settings)[0].tolist()
+            got = runtime.generate_ids(enc["input_ids"].numpy(), enc["attention_mask"].numpy(), search)[0].tolist()
+            total += 1
+            if expected == got:
+                agree += 1
+            elif len(differences) < DIFFERENCES_LISTED:
+                differences.append({"document": index, "mode": mode,
+                                    "pytorch": decode(tokenizer, torch.tensor([expected]))[0],
+                                    "onnx": runtime.decode(np.array([got]))[0]})
+    return {"documents": len(texts), "modes": list(modes), "agreement": f"{agree}/{total}",
+            "equal": agree == total, "differences": differences}
+
+
+def label_agreement(model: Any, tokenizer: Any, runtime: Any, texts: list[str], max_source_length: int) -> dict[str, Any]:
+    from modelshrink.classify import predict
+
+    rows = [{"text": t, "text_pair": None} for t in texts]
+    expected = predict(model, tokenizer, rows, len(rows), "cpu", max_source_length)
+    got = runtime.classify(texts)
+    differences = [{"document": i, "pytorch": a, "onnx": b} for i, (a, b) in enumerate(zip(expected, got))
+                   if (a != b if isinstance(a, int) else abs(a - b) > 1e-3)]
+    agree = len(texts) - len(differences)
+    return {"documents": len(texts), "agreement": f"{agree}/{len(texts)}", "equal": not differences,
+            "differences": differences[:DIFFERENCES_LISTED]}
+
+
+def validate(model: Any, tokenizer: Any, folder: Path, kind: str, texts: list[str], max_source_length: int, *,
+             atol: float | None, rtol: float | None, generation_docs: int,
+             log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """The validation report; `failure` holds a one-line reason when a check failed. Differences are
+    bounded by `atol` when given, else by `rtol` times each output's largest magnitude; with `rtol`
+    (int8 graphs, quantized artifacts) token differences are listed but do not fail the check."""
+    from modelshrink.runtime import load
+
+    runtime = load(folder)
+    diffs = output_differences(model, tokenizer, runtime, kind, texts, max_source_length)
+    tolerance = atol if atol is not None else f"{rtol:g} x each output's largest magnitude"
+    failed = []
+    for name, entry in diffs.items():
+        limit = atol if atol is not None else rtol * entry["reference_max_abs"]
+        entry["passed"] = entry["max_abs_diff"] <= limit
+        if not entry["passed"]:
+            failed.append(name)
+    worst = max(diffs, key=lambda n: diffs[n]["max_abs_diff"])
+    report: dict[str, Any] = {"tolerance": tolerance, "outputs": diffs, "max_abs_diff": diffs[worst]["max_abs_diff"],
+                              "worst_output": worst, "documents": len(texts)}
+    log(f"largest difference {diffs[worst]['max_abs_diff']:.3g} ({worst}); tolerance {tolerance}")
+    failure = None
+    if failed:
+        failure = (f"{len(failed)} of {len(diffs)} outputs differ from PyTorch by more than {tolerance} "
+                   f"(worst: {worst}, {diffs[worst]['max_abs_diff']:.3g}); see export_report.json")
+    docs = texts[:generation_docs]
+    if docs:
+        check = generation_agreement(model, tokenizer, runtime, docs, max_source_length, log) if kind == "seq2seq" \
+            else label_agreement(model, tokenizer, runtime, docs, max_source_length)
+        report["generation" if kind == "seq2seq" else "predictions"] = check
+        log(f"{'generated tokens' if kind == 'seq2seq' else 'predictions'} equal to PyTorch's: {check['agreement']}")
+        if not check["equal"] and rtol is None and failure is None:
+            failure = (f"the ONNX model's {'tokens' if kind == 'seq2seq' else 'predictions'} differ from PyTorch's "
+                       f"on {check['agreement']} agreeing cases; see export_report.json")
+    report["failure"] = failure
+    return report

@@ -1,0 +1,157 @@
+"""`modelshrink export`: every family exports and validates; int8; quantized artifacts stay small; bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import build
+from modelshrink.artifacts import read_manifest, verify_files
+from modelshrink.cli import app
+
+runner = CliRunner()
+FAST = ["--samples", "3", "--generation-docs", "2"]
+
+
+@pytest.fixture(scope="module")
+def plain_models(tmp_path_factory) -> dict[str, Path]:
+    """Tiny models with the library's usual initialisation (the wide test init pushes T5's activations to
+    where float32 rounding alone nears 1e-4)."""
+    root = tmp_path_factory.mktemp("plain")
+    paths = {}
+    for family in ("bart", "t5", "bert2bert"):
+        model, tok = build(family, wide=False)
+        model.save_pretrained(root / family)
+        tok.save_pretrained(root / family)
+        paths[family] = root / family
+    return paths
+
+
+@pytest.fixture(scope="module")
+def exports(plain_models, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("exports")
+    out = {}
+    for family, path in plain_models.items():
+        result = runner.invoke(app, ["export", str(path), "-o", str(root / family), *FAST])
+        assert result.exit_code == 0, result.output
+        out[family] = root / family
+    return out
+
+
+@pytest.mark.parametrize("family", ["bart", "t5", "bert2bert"])
+def test_every_family_exports_a_complete_validated_folder(exports, family):
+    folder = exports[family]
+    for name in ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx", "config.json",
+                 "generation_config.json", "tokenizer.json", "README.md", "export_report.json"):
+        assert (folder / name).is_file(), name
+    manifest = read_manifest(folder)
+    assert manifest["step"] == "export" and manifest["metrics"]["passed"] is True
+    assert manifest["metrics"]["max_abs_diff"] < 1e-4
+    assert verify_files(folder) == []
+    report = json.loads((folder / "export_report.json").read_text())["validation"]
+    assert report["generation"]["equal"] and report["generation"]["agreement"] == "4/4"
+    assert "decoder_with_past_model.onnx:logits" in report["outputs"]
+
+
+def test_dynamic_axes_and_optimum_names(exports):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(exports["bart"] / "decoder_with_past_model.onnx"))
+    inputs = {i.name: i.shape for i in session.get_inputs()}
+    assert inputs["input_ids"][0] == "batch"
+    assert inputs["past_key_values.0.decoder.key"][2] == "past"
+    assert inputs["past_key_values.1.encoder.value"][2] == "source"
+    assert [o.name for o in session.get_outputs()][:2] == ["logits", "present.0.decoder.key"]
+
+
+def test_classifier_exports_and_predictions_agree(classifier_path, tmp_path):
+    result = runner.invoke(app, ["export", str(classifier_path), "-o", str(tmp_path / "clf"), *FAST])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "clf" / "model.onnx").is_file()
+    report = json.loads((tmp_path / "clf" / "export_report.json").read_text())["validation"]
+    assert report["predictions"]["equal"] and report["max_abs_diff"] < 1e-4
+
+
+def test_int8_export_loads_and_runs(plain_models, tmp_path):
+    from modelshrink.runtime import load
+
+    result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(tmp_path / "int8"), "--int8", *FAST])
+    assert result.exit_code == 0, result.output
+    # per-channel scales: onnxruntime's MatMulInteger path also narrows weights to 7 bits, so on these 32-wide
+    # random models it lands outside the int8 tolerance; here it only has to load and run
+    per_channel = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(tmp_path / "int8-pc"), "--int8",
+                                      "--per-channel", "--no-validate"])
+    assert per_channel.exit_code == 0, per_channel.output
+    assert len(load(tmp_path / "int8-pc").summarize(["the quick brown fox"])) == 1
+    manifest = read_manifest(tmp_path / "int8")
+    assert manifest["resolved"]["weights"].startswith("int8")
+    import onnx
+
+    graph = onnx.load(str(tmp_path / "int8" / "decoder_model.onnx")).graph
+    assert any(n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul") for n in graph.node)
+    summaries = load(tmp_path / "int8").summarize(["the quick brown fox", "a small library"])
+    assert len(summaries) == 2 and all(isinstance(s, str) for s in summaries)
+
+
+def test_quantized_artifact_keeps_integer_weights(plain_models, tmp_path):
+    from modelshrink.quantize import QuantizeOptions, quantize
+
+    quantized = quantize(QuantizeOptions(model=str(plain_models["bart"]), bits="2-2-8", method="direct",
+                                         device="cpu"), tmp_path / "q")
+    plain = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(tmp_path / "float"), "--no-validate"])
+    result = runner.invoke(app, ["export", str(quantized), "-o", str(tmp_path / "q-onnx"), *FAST])
+    assert plain.exit_code == 0 and result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "q-onnx" / "export_report.json").read_text())
+    assert report["storage"]["encoder_model.onnx"]["int8_initializers"] >= 8
+    import onnx
+    from onnx import numpy_helper
+
+    def weight_bytes(folder: Path) -> int:  # tiny graphs are mostly nodes, so count the initializers
+        return sum(numpy_helper.to_array(i).nbytes for n in report["graphs"]
+                   for i in onnx.load(str(folder / n)).graph.initializer)
+
+    assert weight_bytes(tmp_path / "q-onnx") < 0.4 * weight_bytes(tmp_path / "float")
+    assert report["validation"]["failure"] is None and "agreement" in report["validation"]["generation"]
+
+
+def test_outputs_beyond_atol_exit_3_after_writing_the_report(plain_models, tmp_path):
+    out = tmp_path / "strict"
+    result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(out), "--atol", "1e-12",
+                                 "--generation-docs", "0"])
+    assert result.exit_code == 3, result.output
+    assert str(out) in result.stdout
+    assert (out / "export_report.json").is_file() and read_manifest(out)["metrics"]["passed"] is False
+    assert "differ from PyTorch" in result.output
+
+
+def _refused(args: list[str], out: Path, message: str) -> None:
+    result = runner.invoke(app, ["export", *args, "-o", str(out)])
+    assert result.exit_code == 1, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (out.parent / f".{out.name}.partial").exists()
+
+
+def test_bad_inputs_are_one_line_and_write_nothing(plain_models, docs_jsonl, tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    eval_like = tmp_path / "an-eval"
+    eval_like.mkdir()
+    (eval_like / "modelshrink.json").write_text(json.dumps({"kind": "eval", "step": "eval"}))
+    _refused([str(eval_like)], tmp_path / "o1", "is not a model")
+    _refused([str(docs_jsonl)], tmp_path / "o2", "is a file")
+    gpt = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).save_pretrained(gpt)
+    _refused([str(gpt)], tmp_path / "o3", "no export path")
+    bare = tmp_path / "no-tokenizer"
+    model, _ = build("bart", wide=False)
+    model.save_pretrained(bare)
+    _refused([str(bare)], tmp_path / "o4", "tokenizer")
+    assert not (tmp_path / "o4").exists()
+    _refused([str(plain_models["bart"]), "--opset", "9"], tmp_path / "o5", "--opset")
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "file").write_text("x")
+    _refused([str(plain_models["bart"])], taken, "already exists")

@@ -1,0 +1,109 @@
+"""The torch-free runtime: the same tokens as PyTorch, no torch import, a CLI, and eval on an export folder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from conftest import DOCUMENTS, build
+from modelshrink.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """(model folder, export folder) per family, exported without validation (test_export checks that)."""
+    root = tmp_path_factory.mktemp("rt")
+    out = {}
+    for family in ("bart", "t5", "bert2bert"):
+        model, tok = build(family, wide=False)
+        model.save_pretrained(root / family)
+        tok.save_pretrained(root / family)
+        result = runner.invoke(app, ["export", str(root / family), "-o", str(root / f"{family}-onnx"), "--no-validate"])
+        assert result.exit_code == 0, result.output
+        out[family] = (root / family, root / f"{family}-onnx")
+    return out
+
+
+@pytest.mark.parametrize("family", ["bart", "t5", "bert2bert"])
+@pytest.mark.parametrize("overrides", [dict(num_beams=1, min_length=4),
+                                       dict(num_beams=3, no_repeat_ngram_size=2, min_length=6, length_penalty=2.0)],
+                         ids=["greedy", "beam3-ngram-minlen"])
+def test_runtime_generates_the_tokens_pytorch_generates(exported, family, overrides):
+    from modelshrink.generation import generate_ids, resolve_generation
+    from modelshrink.models import load_seq2seq
+    from modelshrink.runtime import load
+
+    model_path, export_path = exported[family]
+    model, tok, _ = load_seq2seq(str(model_path))
+    runtime = load(export_path)
+    enc = tok(DOCUMENTS[:5], padding=True, return_tensors="pt")  # padded batch: the masks matter
+    expected = generate_ids(model, enc["input_ids"], enc["attention_mask"],
+                            resolve_generation(model.generation_config, **overrides)).numpy()
+    got = runtime.generate_ids(enc["input_ids"].numpy(), enc["attention_mask"].numpy(), runtime.settings(**overrides))
+    np.testing.assert_array_equal(got, expected)
+    # and the runtime's own tokenizer and decoding give transformers' text
+    assert runtime.summarize(DOCUMENTS[:5], **overrides) == tok.batch_decode(expected, skip_special_tokens=True)
+
+
+def test_runtime_never_imports_torch(exported, tmp_path):
+    _, export_path = exported["bert2bert"]
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": str(i), "document": d}) + "\n" for i, d in enumerate(DOCUMENTS[:3])))
+    code = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'transformers'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from modelshrink.runtime import load, main\n"
+        f"print(load({str(export_path)!r}).summarize(['the quick brown fox'], num_beams=2))\n"
+        f"main([{str(export_path)!r}, '--input', {str(docs)!r}])\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 4 and json.loads(lines[1])["id"] == "0"
+
+
+def test_run_command_prints_one_prediction_per_line(exported, docs_jsonl):
+    _, export_path = exported["bart"]
+    result = runner.invoke(app, ["run", str(export_path), "--input", str(docs_jsonl), "--limit", "3"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert [r["id"] for r in rows] == ["doc-0", "doc-1", "doc-2"] and all(isinstance(r["prediction"], str) for r in rows)
+    bad = runner.invoke(app, ["run", str(docs_jsonl.parent), "--input", str(docs_jsonl)])
+    assert bad.exit_code == 1 and "not an export folder" in bad.output
+
+
+def test_eval_scores_an_export_folder_like_its_model(exported, docs_jsonl, tmp_path):
+    model_path, export_path = exported["bart"]
+    common = ["--batch-size", "4", "--latency-docs", "2", "--resamples", "100"]
+    a = runner.invoke(app, ["eval", str(export_path), str(docs_jsonl), "-o", str(tmp_path / "e-onnx"), *common])
+    b = runner.invoke(app, ["eval", str(model_path), str(docs_jsonl), "-o", str(tmp_path / "e-torch"), *common])
+    assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
+    metrics = json.loads((tmp_path / "e-onnx" / "metrics.json").read_text())
+    torch_metrics = json.loads((tmp_path / "e-torch" / "metrics.json").read_text())
+    assert metrics["rouge1"] == torch_metrics["rouge1"]
+    assert metrics["efficiency"]["latency_ms_p50"] > 0 and metrics["efficiency"]["bytes_on_disk"] > 0
+    predictions = lambda d: [json.loads(x)["prediction"] for x in (d / "predictions.jsonl").read_text().splitlines()]  # noqa: E731
+    assert predictions(tmp_path / "e-onnx") == predictions(tmp_path / "e-torch")
+
+
+def test_runtime_classifies_like_pytorch(classifier_path, tmp_path):
+    from modelshrink.classify import predict
+    from modelshrink.models import load_classifier
+    from modelshrink.runtime import load
+
+    assert runner.invoke(app, ["export", str(classifier_path), "-o", str(tmp_path / "c"), "--no-validate"]).exit_code == 0
+    model, tok = load_classifier(str(classifier_path))
+    rows = [{"text": d, "text_pair": None} for d in DOCUMENTS]
+    assert load(tmp_path / "c").classify(DOCUMENTS) == predict(model, tok, rows, 4, "cpu")
