@@ -70,6 +70,11 @@ def test_quickstart_runs_the_chain_on_the_real_minilm(tmp_path):
     sizes = [s["bytes_on_disk"] for s in systems]
     assert sizes[0] > sizes[2] > sizes[3] > sizes[4]  # teacher > student > 8-bit > ternary
     assert "against" in json.loads((tmp_path / "qs" / "eval-student-lambda2" / "metrics.json").read_text())
+    deployed = summary["export"]
+    assert deployed["model"] in {summary["students"]["1"], summary["students"]["2"], *summary["quantized"].values()}
+    assert read_manifest(deployed["folder"])["step"] == "export"
+    assert len(deployed["summaries"]) == budget.runtime_docs == 3
+    assert (tmp_path / "qs" / "runtime-summaries.jsonl").read_text().count("\n") == 3
 
 
 def test_warm_start_is_reproducible_from_its_seed():

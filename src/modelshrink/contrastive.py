@@ -104,7 +104,7 @@ class ContrastiveOptions(TrainOptions):
     def terms(self) -> list[str]:
         if self.finetune:
             return ["ce"]
-        return ["ce"] + [name for name in ("kd", "pt", "acdl") if getattr(self, name)]
+        return ["ce"] + [name for name in ("kd", "pt", "acdl") if getattr(self, name) and (name != "kd" or self.alpha < 1)]
 
     def recorded(self) -> dict[str, Any]:
         return asdict(self)

@@ -58,3 +58,26 @@ def quality_vs_footprint(points: Sequence[tuple[str, float, float]], path: Path,
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def accuracy_bars(rows: Sequence[tuple[str, float]], path: Path, title: str, reference: float | None = None) -> Path:
+    """Validation accuracy of several runs as bars (ACKD's Fig. 3), with the teacher as a line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(1.1 * len(rows) + 2, 3.6))
+    names, values = [r[0] for r in rows], [r[1] for r in rows]
+    bars = ax.bar(range(len(rows)), values, color="#4c72b0")
+    for bar, value in zip(bars, values):
+        ax.text(bar.get_x() + bar.get_width() / 2, value + 0.1, f"{value:.2f}", ha="center", va="bottom", fontsize=8)
+    if reference is not None:
+        ax.axhline(reference, color="#c44e52", linestyle="--", linewidth=1, label=f"teacher {reference:.2f}")
+        ax.legend(loc="lower right", fontsize=8)
+    low = min(values + ([reference] if reference is not None else []))
+    high = max(values + ([reference] if reference is not None else []))
+    ax.set_ylim(max(0.0, low - 3), min(100.0, high + 1.5))
+    ax.set_xticks(range(len(rows)), names, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("validation accuracy (%)")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -61,6 +61,7 @@ class QuickstartBudget:
     max_source_length: int = 64
     max_target_length: int = 24
     lambdas: tuple[float, ...] = (1.0, 2.0)
+    runtime_docs: int = 3
 
 
 def run_quickstart(output: str | Path, *, budget: QuickstartBudget | None = None, overwrite: bool = False,
@@ -81,19 +82,19 @@ def run_quickstart(output: str | Path, *, budget: QuickstartBudget | None = None
     train, validation = str(sample_path("train")), str(sample_path("validation"))
     lengths = dict(max_source_length=budget.max_source_length, batch_size=budget.batch_size)
 
-    log(f"1/5 teacher: bert2bert warm-started from MiniLM-L6, fine-tuned {budget.teacher_steps} steps")
+    log(f"1/6 teacher: bert2bert warm-started from MiniLM-L6, fine-tuned {budget.teacher_steps} steps")
     teacher = distill(DistillOptions(data=train, init_encoder_decoder=packaged_minilm(), max_steps=budget.teacher_steps,
                                      lr=3e-4, warmup_steps=max(1, budget.teacher_steps // 10),
                                      max_target_length=budget.max_target_length, device="cpu", **lengths),
                       output / "teacher", progress=train_progress("teacher") if train_progress else None, log=log)
     students = {}
     for lam in budget.lambdas:
-        log(f"2/5 pseudo labels at λ = {lam:g} for {budget.pseudolabel_docs} training documents")
+        log(f"2/6 pseudo labels at λ = {lam:g} for {budget.pseudolabel_docs} training documents")
         labels = pseudolabel(PseudolabelOptions(teacher=str(teacher), data=train, limit=budget.pseudolabel_docs,
                                                 lam=lam, max_length=budget.max_target_length, device="cpu", **lengths),
                              output / f"pseudolabel-lambda{lam:g}",
                              progress=progress(f"pseudolabel λ={lam:g}") if progress else None, log=log)
-        log(f"3/5 student 6-2 on the λ = {lam:g} pseudo labels, {budget.student_steps} steps")
+        log(f"3/6 student 6-2 on the λ = {lam:g} pseudo labels, {budget.student_steps} steps")
         labels_last = labels
         students[lam] = distill(DistillOptions(data=str(labels), teacher=str(teacher), decoder_layers=2,
                                                max_steps=budget.student_steps, lr=3e-4,
@@ -103,7 +104,7 @@ def run_quickstart(output: str | Path, *, budget: QuickstartBudget | None = None
     last = budget.lambdas[-1]
     quantized = {}
     for bits in budget.quantize_bits:
-        log(f"4/5 student λ = {last:g} quantized to {bits} by distillation-aware training, "
+        log(f"4/6 student λ = {last:g} quantized to {bits} by distillation-aware training, "
             f"{budget.quantize_steps} steps")
         training = dict(max_steps=budget.quantize_steps, lr=1e-4, max_target_length=budget.max_target_length,
                         **lengths)
@@ -111,7 +112,7 @@ def run_quickstart(output: str | Path, *, budget: QuickstartBudget | None = None
                                                    device="cpu", training=training),
                                    output / f"student-lambda{last:g}-{bits}",
                                    progress=train_progress(f"quantize {bits}") if train_progress else None, log=log)
-    log(f"5/5 evaluation on {budget.eval_docs} validation documents")
+    log(f"5/6 evaluation on {budget.eval_docs} validation documents")
     evals = []
     systems = ([("teacher", teacher)] + [(f"student-lambda{lam:g}", path) for lam, path in students.items()]
                + [(f"student-lambda{last:g}-{bits}", path) for bits, path in quantized.items()])
@@ -123,8 +124,47 @@ def run_quickstart(output: str | Path, *, budget: QuickstartBudget | None = None
                            output / f"eval-{name}", progress=progress(f"eval {name}") if progress else None, log=log)
         evals.append(path)
     _, comparison = compare([str(e) for e in evals], output / "comparison", log=log)
+    deployed = deploy_best(systems, comparison, output, validation, budget, log)
     summary = {"teacher": str(teacher), "students": {f"{k:g}": str(v) for k, v in students.items()},
                "quantized": {k: str(v) for k, v in quantized.items()},
-               "evals": [str(e) for e in evals], "comparison": comparison}
+               "evals": [str(e) for e in evals], "comparison": comparison, "export": deployed}
     (output / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     return summary
+
+
+def deploy_best(systems: list[tuple[str, Path]], comparison: dict[str, Any], output: Path, validation: str,
+                budget: QuickstartBudget, log: Callable[[str], None]) -> dict[str, Any]:
+    """Export the compressed student with the best ROUGE-1 to ONNX (validated against PyTorch), then
+    summarize a few validation documents with the torch-free runtime in a separate process."""
+    import subprocess
+    import sys
+
+    from modelshrink.errors import CheckFailed
+    from modelshrink.export import ExportOptions, export_model
+
+    scored = [(row.get("rouge1") or 0.0, -(row.get("bytes_on_disk") or 0), name, path)
+              for row, (name, path) in zip(comparison["systems"], systems) if name != "teacher"]
+    _, _, name, model = max(scored)
+    log(f"6/6 export {name} (best ROUGE-1 of the compressed students) to ONNX; summaries from the torch-free runtime")
+    folder = output / "export"
+    try:
+        export_model(ExportOptions(model=str(model), samples=2, generation_docs=budget.runtime_docs,
+                                   max_source_length=budget.max_source_length), folder, log=log)
+        check = "passed"
+    except CheckFailed as e:  # the folder and its report are written; the chain goes on and says so
+        check = f"failed: {e}"
+        log(f"export check {check}")
+    documents = output / "runtime-input.jsonl"
+    with open(validation) as f, open(documents, "w") as out:
+        for _, line in zip(range(budget.runtime_docs), f):
+            out.write(line)
+    # A fresh interpreter that imports only the runtime (numpy, onnxruntime, tokenizers): no torch.
+    run = subprocess.run([sys.executable, "-m", "modelshrink.runtime", str(folder), "--input", str(documents)],
+                         capture_output=True, text=True, check=False)
+    if run.returncode != 0:
+        raise RuntimeError(f"the runtime failed on {folder}: {run.stderr.strip()[-2000:]}")
+    (output / "runtime-summaries.jsonl").write_text(run.stdout)
+    summaries = [json.loads(line) for line in run.stdout.splitlines() if line.strip()]
+    for row in summaries:
+        log(f"  {row['id']}: {row['prediction']}")
+    return {"model": str(model), "folder": str(folder), "check": check, "summaries": summaries}

@@ -26,7 +26,8 @@ def quickstart(
     Fine-tune a bert2bert teacher warm-started from MiniLM-L6; pseudo-label training documents at
     λ = 1 and λ = 2; distill a 6-2 student on each; quantize the λ = 2 student to 8-8-8 and 2-2-8
     (DQ-BART, distillation-aware); evaluate them all side by side (ROUGE with intervals, the λ = 2
-    student tested against the λ = 1 one, size on disk and latency).
+    student tested against the λ = 1 one, size on disk and latency); export the best compressed
+    student to ONNX and summarize a few documents with the torch-free runtime.
 
     Example: modelshrink quickstart -o runs/quickstart --overwrite
     """
