@@ -40,6 +40,7 @@ def main() -> None:
     from modelshrink.runtime import load
     import json
 
+    load_before = os.getloadavg()[0]  # other processes on the same 2 cores skew every number: the table says so
     rows = [json.loads(line) for line in sample_path("validation").read_text().splitlines()][:args.docs]
     docs, refs = [r["document"] for r in rows], [r["summary"] for r in rows]
     work = Path(tempfile.mkdtemp(prefix="bench-export-"))
@@ -63,7 +64,7 @@ def main() -> None:
         runtime = load(folder)
         systems[f"ONNX Runtime {name[5:]}"] = (lambda r: lambda batch: r.summarize(
             batch, len(batch), args.max_source_length))(runtime)
-    results = {}
+    results, summaries = {}, {}  # summaries["reference"]: PyTorch's, which the others are compared with
     for name, run in systems.items():
         for d in docs[:2]:
             run([d])
@@ -78,23 +79,30 @@ def main() -> None:
             outputs += run(docs[i:i + 16])
         seconds = time.perf_counter() - start
         per_doc = rouge.rouge_per_document(outputs, refs)
+        same = sum(a == b for a, b in zip(outputs, summaries.setdefault("reference", outputs)))
         results[name] = dict(p50=np.percentile(times, 50), p90=np.percentile(times, 90), docs_s=len(docs) / seconds,
-                             **{k: float(np.mean(per_doc[k])) for k in ("rouge1", "rouge2", "rougeL")})
+                             same=same, **{k: float(np.mean(per_doc[k])) for k in ("rouge1", "rouge2", "rougeL")})
         print(name, results[name], file=sys.stderr)
     base = results["PyTorch eager (float32)"]["p50"]
     sizes = {name: sum(p.stat().st_size for p in folder.glob("*.onnx")) for name, folder in exports.items()}
+    torch_size = sum(p.stat().st_size for p in Path(args.model).glob("*.safetensors"))
     lines = [f"Model: `{args.model}`; the first {len(docs)} documents of the bundled Debian validation sample, "
              f"sources truncated to {args.max_source_length} tokens, generation: beam {settings.num_beams}, max length "
              f"{settings.max_length}, no-repeat n-gram {settings.no_repeat_ngram_size}. Latency at batch 1 after 2 "
-             f"warm-up documents; throughput at batch 16. ONNX files: float32 {sizes.get('onnx-fp32', 0) / 1e6:.0f} MB, "
+             f"warm-up documents; throughput at batch 16; 'same': summaries (batch 16) identical to PyTorch's. "
+             f"Sizes: PyTorch safetensors {torch_size / 1e6:.0f} MB, "
+             f"ONNX float32 {sizes.get('onnx-fp32', 0) / 1e6:.0f} MB, "
              f"int8 {sizes.get('onnx-int8', 0) / 1e6:.0f} MB (encoder + decoder + decoder with past). Machine: "
              f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, torch {torch.__version__} "
-             f"({torch.get_num_threads()} threads). Command: `python benchmarks/export_latency.py --model {args.model} "
+             f"({torch.get_num_threads()} threads), load average {load_before:.1f} at the start. "
+             f"Command: `python benchmarks/export_latency.py --model {args.model} "
              f"--docs {args.docs}` ({time.strftime('%Y-%m-%d')}).", "",
-             "| form | latency p50 ms | p90 ms | speed-up (p50) | docs/s (batch 16) | ROUGE-1 | ROUGE-2 | ROUGE-L |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| form | latency p50 ms | p90 ms | speed-up (p50) | docs/s (batch 16) | same | ROUGE-1 | ROUGE-2 "
+             "| ROUGE-L |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         lines.append(f"| {name} | {r['p50']:.1f} | {r['p90']:.1f} | {base / r['p50']:.2f}× | {r['docs_s']:.2f} | "
+                     f"{r['same']}/{len(docs)} | "
                      f"{r['rouge1']:.2f} | {r['rouge2']:.2f} | {r['rougeL']:.2f} |")
     print("\n".join(lines))
     if not args.no_write:

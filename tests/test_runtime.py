@@ -107,3 +107,36 @@ def test_runtime_classifies_like_pytorch(classifier_path, tmp_path):
     model, tok = load_classifier(str(classifier_path))
     rows = [{"text": d, "text_pair": None} for d in DOCUMENTS]
     assert load(tmp_path / "c").classify(DOCUMENTS) == predict(model, tok, rows, 4, "cpu")
+
+
+def test_topk_keeps_torch_order_with_ties():
+    import torch
+
+    from modelshrink.runtime import _topk
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(-5, 5, size=(6, 3000)).astype(np.float32)  # many ties: lower index first, as torch.topk
+    x[0, :] = -np.inf
+    x[0, 7] = 0.0
+    for k in (1, 8, 12):
+        expected = np.argsort(-x, axis=-1, kind="stable")[:, :k]
+        np.testing.assert_array_equal(_topk(x, k), expected)
+        values = torch.topk(torch.from_numpy(x[1:]), k).values.numpy()
+        np.testing.assert_array_equal(np.take_along_axis(x[1:], _topk(x[1:], k), 1), values)
+
+
+def test_no_repeat_ngram_bans_what_the_loop_bans():
+    from modelshrink.runtime import Search, _process
+
+    rng = np.random.default_rng(1)
+    sequences = rng.integers(0, 4, size=(8, 12))  # a 4-token vocabulary repeats n-grams often
+    for n in (2, 3):
+        got = _process(np.zeros((8, 6), dtype=np.float32), sequences, Search(no_repeat_ngram_size=n))
+        expected = np.zeros((8, 6), dtype=np.float32)
+        for row, tokens in enumerate(sequences.tolist()):  # transformers' definition, written out
+            prefix = tokens[len(tokens) + 1 - n:]
+            for i in range(len(tokens) - n + 1):
+                if tokens[i:i + n - 1] == prefix:
+                    expected[row, tokens[i + n - 1]] = -np.inf
+        np.testing.assert_array_equal(got, expected)
+        assert np.isinf(got).any()

@@ -354,7 +354,8 @@ def model_card(options: ContrastiveOptions, output: Path, built: dict[str, Any],
              + (f"; features at (student, teacher) layers {resolved['feature_pairs']}" if resolved.get("feature_pairs")
                 else "") + ".",
              f"Training: {metrics['steps']} steps ({metrics['epochs']} epochs) on `{options.data}`, AdamW lr "
-             f"{options.lr}, batch {options.batch_size} × {options.grad_accum}, seed {options.seed}."]
+             f"{options.lr}, batch " + (f"≤ {options.max_tokens} tokens" if options.max_tokens else str(options.batch_size))
+             + f" × {options.grad_accum}, seed {options.seed}."]
     if "validation" in metrics:
         v = metrics["validation"]
         lines += ["", "## Validation", "", f"On `{options.validation}`, best step {v['step']} by {options.metric}: "

@@ -82,11 +82,13 @@ def _process(scores: np.ndarray, sequences: np.ndarray, s: Search) -> np.ndarray
     cur_len = sequences.shape[1]
     n = s.no_repeat_ngram_size
     if n > 0 and cur_len >= n:
-        for row, tokens in enumerate(sequences.tolist()):
-            prefix = tokens[cur_len + 1 - n:]
-            banned = [tokens[i + n - 1] for i in range(cur_len - n + 1) if tokens[i:i + n - 1] == prefix]
-            if banned:
-                scores[row, banned] = -np.inf
+        # every n-gram of a row whose first n-1 tokens equal the row's last n-1 bans its last token
+        # (transformers' loop over rows and n-grams, in one vectorized pass: beam search calls this every step)
+        windows = np.lib.stride_tricks.sliding_window_view(sequences, n, axis=1)  # [rows, cur_len-n+1, n]
+        hits = (windows[:, :, :n - 1] == sequences[:, None, cur_len + 1 - n:]).all(axis=-1)
+        rows, where = np.nonzero(hits)
+        if rows.size:
+            scores[rows, windows[rows, where, n - 1]] = -np.inf
     if s.min_length > 0 and s.eos_token_id and cur_len < s.min_length:
         scores[:, list(s.eos_token_id)] = -np.inf
     if s.forced_bos_token_id is not None and cur_len == 1:
@@ -100,12 +102,23 @@ def _process(scores: np.ndarray, sequences: np.ndarray, s: Search) -> np.ndarray
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    shifted -= np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # in place: [rows, vocab] is the big array
+    return shifted
 
 
 def _topk(x: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest per row, largest first (ties: lower index first, as torch.topk on CPU)."""
-    return np.argsort(-x, axis=-1, kind="stable")[:, :k]
+    """Indices of the k largest per row, largest first (ties: lower index first, as torch.topk on CPU).
+
+    A full stable sort of beam search's [batch, beams x vocab] scores took half of a step's time; the
+    partition finds the k-th value, and only the entries at or above it (ties included) are sorted."""
+    if k >= x.shape[-1] or x.shape[-1] <= 256:
+        return np.argsort(-x, axis=-1, kind="stable")[:, :k]
+    kth = -np.partition(-x, k - 1, axis=-1)[:, k - 1]
+    out = np.empty((x.shape[0], k), dtype=np.int64)
+    for row in range(x.shape[0]):
+        candidates = np.flatnonzero(x[row] >= kth[row])  # ascending, so the stable sort keeps lower indices first
+        out[row] = candidates[np.argsort(-x[row, candidates], kind="stable")[:k]]
+    return out
 
 
 def _take(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -276,7 +289,7 @@ class ExportedModel:
         logits, past = self._first_step(running[:, :, :1].reshape(batch * beams, 1), hidden, mask)
         while True:
             flat = running[:, :, :cur].reshape(batch * beams, cur)
-            log_probs = _process(_log_softmax(logits.astype(np.float32)), flat, s)
+            log_probs = _process(_log_softmax(logits.astype(np.float32, copy=False)), flat, s)
             vocab = log_probs.shape[-1]
             log_probs = (log_probs.reshape(batch, beams, vocab) + running_scores[:, :, None]).reshape(batch, -1)
             top = _topk(log_probs, keep)

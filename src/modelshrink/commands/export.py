@@ -18,9 +18,9 @@ checked against PyTorch on documents from the validation set:
 
     modelshrink export runs/student -o runs/student-onnx --data valid.jsonl
 
-int8 for CPU serving (onnxruntime dynamic quantization, one scale per output channel):
+int8 for CPU serving (onnxruntime dynamic quantization, one weight scale per output channel):
 
-    modelshrink export runs/student -o runs/student-onnx-int8 --int8 --per-channel
+    modelshrink export runs/student -o runs/student-onnx-int8 --int8
 
 A ternary `quantize` artifact keeps its integer weights (int8 initializers + DequantizeLinear):
 
@@ -52,12 +52,15 @@ def export_command(
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write the export to.")],
     opset: Annotated[int, typer.Option(help="ONNX opset, 14-20.")] = 17,
     int8: Annotated[bool, typer.Option("--int8", help="onnxruntime dynamic int8 quantization of the graphs.")] = False,
-    per_channel: Annotated[bool, typer.Option(help="With --int8: one weight scale per output channel.")] = False,
+    per_channel: Annotated[Optional[bool], typer.Option(
+        "--per-channel/--no-per-channel", help="With --int8: one weight scale per output channel (per tensor with "
+                                               "--no-per-channel). [default: per channel]")] = None,
     validate: Annotated[bool, typer.Option(help="Check outputs and generated tokens against PyTorch.",
                                            rich_help_panel=CHECK)] = True,
     atol: Annotated[Optional[float], typer.Option(
-        help="Largest allowed absolute difference of any output. [default: 1e-4; with --int8, a quarter of each "
-             "output's largest magnitude]", rich_help_panel=CHECK)] = None,
+        help="Largest allowed absolute difference of any output (padded source positions are not compared). "
+             "[default: 1e-4; with --int8, an RMS difference of a quarter of each output's RMS]",
+        rich_help_panel=CHECK)] = None,
     data: Annotated[Optional[str], typer.Option(help="Documents to validate on. [default: made from the "
                                                      "tokenizer's vocabulary]", rich_help_panel=CHECK)] = None,
     text_column: Annotated[Optional[str], typer.Option(help="Document column of --data. [default: auto]",
