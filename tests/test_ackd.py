@@ -166,11 +166,12 @@ def test_each_switch_removes_exactly_its_term():
                          ("acdl", gamma * parts["acdl"])):
         without, without_parts = run(**{switch: False})
         assert switch not in without_parts
-        assert float(without) == pytest.approx(float(full - term), rel=1e-5)
+        assert float(without.detach()) == pytest.approx(float(full - term), rel=1e-5)
     # Without SAR the term is CDL (w = 1): the same features, no predictor.
     no_sar, no_sar_parts = run(sar=False)
     assert no_sar_parts["acdl"] < parts["acdl"]  # 1/w > 1 weighs negatives up
-    assert float(no_sar) == pytest.approx(float(full - gamma * parts["acdl"] + gamma * no_sar_parts["acdl"]), rel=1e-5)
+    expected = full - gamma * parts["acdl"] + gamma * no_sar_parts["acdl"]
+    assert float(no_sar.detach()) == pytest.approx(float(expected), rel=1e-5)
 
 
 def test_without_storage_negatives_come_from_the_batch_only():

@@ -104,7 +104,8 @@ class ContrastiveOptions(TrainOptions):
     def terms(self) -> list[str]:
         if self.finetune:
             return ["ce"]
-        return ["ce"] + [name for name in ("kd", "pt", "acdl") if getattr(self, name) and (name != "kd" or self.alpha < 1)]
+        on = {"kd": self.kd and self.alpha < 1, "pt": self.pt, "acdl": self.acdl}  # α = 1 leaves KD no weight
+        return ["ce"] + [name for name, used in on.items() if used]
 
     def recorded(self) -> dict[str, Any]:
         return asdict(self)
@@ -354,7 +355,8 @@ def model_card(options: ContrastiveOptions, output: Path, built: dict[str, Any],
              + (f"; features at (student, teacher) layers {resolved['feature_pairs']}" if resolved.get("feature_pairs")
                 else "") + ".",
              f"Training: {metrics['steps']} steps ({metrics['epochs']} epochs) on `{options.data}`, AdamW lr "
-             f"{options.lr}, batch " + (f"≤ {options.max_tokens} tokens" if options.max_tokens else str(options.batch_size))
+             f"{options.lr}, batch "
+             + (f"≤ {options.max_tokens} tokens" if options.max_tokens else str(options.batch_size))
              + f" × {options.grad_accum}, seed {options.seed}."]
     if "validation" in metrics:
         v = metrics["validation"]
