@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -109,6 +110,7 @@ def main() -> None:
         write_section("export_latency", "export: PyTorch against ONNX Runtime", "\n".join(lines),
                       "Target (issue 7): float32 ONNX no slower than PyTorch eager; int8 at least 2× faster than "
                       "PyTorch float32, on 2 CPU cores.")
+    shutil.rmtree(work, ignore_errors=True)  # the two exports are only the benchmark's scratch
 
 
 if __name__ == "__main__":
