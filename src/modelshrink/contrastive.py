@@ -20,9 +20,9 @@ import torch
 
 from modelshrink import __version__
 from modelshrink.ackd import ACKDObjective, cls_features, feature_layer_pairs
-from modelshrink.artifacts import parent_ref, pin_run, read_manifest, replay_command
+from modelshrink.artifacts import parent_ref, read_manifest, replay_command
 from modelshrink.errors import UserError
-from modelshrink.train import TrainOptions, keep_best, start_run, train
+from modelshrink.train import TrainOptions, keep_best, open_run, start_run, train
 
 METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman")
 
@@ -284,12 +284,7 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     parents = [parent_ref("data", options.data)] + [
         parent_ref(role, spec) for role, spec in (("teacher", options.teacher), ("student", options.student),
                                                   ("validation", options.validation)) if spec]
-    if main:
-        writer.open()
-        pin_run(writer.staging, options.recorded(), parents,
-                may_change=("max_steps", "epochs", "eval_every", "save_every", "log_every", "device", "early_stopping"))
-    accelerator.wait_for_everyone()
-    staging = writer.staging
+    staging = open_run(accelerator, writer, options.recorded(), parents)
 
     examples = classify.tokenize_labeled(rows, tokenizer, options.max_length)
     for example, c in zip(examples, contrast):

@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from modelshrink import __version__
-from modelshrink.artifacts import parent_ref, pin_run, read_manifest, replay_command
+from modelshrink.artifacts import parent_ref, read_manifest, replay_command
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
-from modelshrink.train import TrainOptions, TrainResult, keep_best, start_run, train
+from modelshrink.train import TrainOptions, TrainResult, keep_best, open_run, start_run, train
 
 LOGIT_LOSSES = ("kl", "mse")
 METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
@@ -332,13 +332,7 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     parents = [parent_ref("data", options.data)] + [
         parent_ref(role, spec) for role, spec in (("teacher", options.teacher), ("student", options.student),
                                                   ("validation", options.validation)) if spec]
-    if main:
-        writer.open()
-        # A resumed run may extend its budget or change how often it logs, validates and saves.
-        pin_run(writer.staging, options.recorded(), parents,
-                may_change=("max_steps", "epochs", "eval_every", "save_every", "log_every", "device", "early_stopping"))
-    accelerator.wait_for_everyone()
-    staging = writer.staging
+    staging = open_run(accelerator, writer, options.recorded(), parents)
 
     result: TrainResult | None = None
     if options.max_steps != 0:

@@ -143,12 +143,11 @@ def _quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwr
     import shutil
 
     from modelshrink import classify
-    from modelshrink.artifacts import pin_run
     from modelshrink.distill import _same_tokenizer
     from modelshrink.efficiency import parameter_count
     from modelshrink.models import load_classifier, resolve_device, task_of
     from modelshrink.quant.model import save_quantized
-    from modelshrink.train import TrainOptions, keep_best, start_run, train
+    from modelshrink.train import TrainOptions, keep_best, open_run, start_run, train
 
     t = dict(options.training)
     unknown = sorted(set(t) - set(CLASSIFIER_TRAINING))
@@ -183,12 +182,7 @@ def _quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwr
     max_length = t.get("max_source_length") or min(getattr(tokenizer, "model_max_length", 512) or 512, 512)
     parents = [parent_ref("model", options.model), parent_ref("data", options.data)] + (
         [parent_ref("teacher", options.teacher)] if options.teacher else [])
-    if accelerator.is_main_process:
-        writer.open()
-        pin_run(writer.staging, options.recorded(), parents,
-                may_change=("max_steps", "epochs", "eval_every", "save_every", "log_every", "device"))
-    accelerator.wait_for_everyone()
-    staging = writer.staging
+    staging = open_run(accelerator, writer, options.recorded(), parents)
     train_options = TrainOptions(metric="accuracy" if task == "classification" else "pearson", device=options.device,
                                  **{k: t[k] for k in ("max_steps", "epochs", "lr", "warmup_steps", "batch_size",
                                                       "grad_accum", "seed", "eval_every", "save_every", "log_every")

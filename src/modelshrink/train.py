@@ -208,6 +208,19 @@ def start_run(output: Path, device: str, *, overwrite: bool, resume: bool) -> tu
     return accelerator, writer
 
 
+def open_run(accelerator: Any, writer: Any, recorded: dict[str, Any], parents: list[dict[str, Any]]) -> Path:
+    """Create (or, resuming, check) the staging folder on the main process; every process gets its path.
+    A resumed run may extend its budget or change how often it logs, validates and saves."""
+    from modelshrink.artifacts import pin_run
+
+    if accelerator.is_main_process:
+        writer.open()
+        pin_run(writer.staging, recorded, parents, may_change=("max_steps", "epochs", "eval_every", "save_every",
+                                                                "log_every", "device", "early_stopping"))
+    accelerator.wait_for_everyone()
+    return writer.staging
+
+
 def keep_best(workdir: Path, result: TrainResult | None, save_final: Callable[[Path], None]) -> None:
     """Leave in `workdir` the weights to publish: the best validated ones where validation saved
     some, else the final ones (`save_final(folder)`); then drop the training leftovers."""
