@@ -44,27 +44,56 @@ def exports(plain_models, tmp_path_factory) -> dict[str, Path]:
 @pytest.mark.parametrize("family", ["bart", "t5", "bert2bert"])
 def test_every_family_exports_a_complete_validated_folder(exports, family):
     folder = exports[family]
-    for name in ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx", "config.json",
+    for name in ("encoder_model.onnx", "decoder_model_merged.onnx", "search_ops.onnx", "config.json",
                  "generation_config.json", "tokenizer.json", "README.md", "export_report.json"):
         assert (folder / name).is_file(), name
+    assert not (folder / "decoder_model.onnx").exists() and not (folder / "decoder_with_past_model.onnx").exists()
     manifest = read_manifest(folder)
     assert manifest["step"] == "export" and manifest["metrics"]["passed"] is True
     assert manifest["metrics"]["max_abs_diff"] < 1e-4
     assert verify_files(folder) == []
     report = json.loads((folder / "export_report.json").read_text())["validation"]
     assert report["generation"]["equal"] and report["generation"]["agreement"] == "4/4"
-    assert "decoder_with_past_model.onnx:logits" in report["outputs"]
+    assert "decoder_model_merged.onnx[with past]:logits" in report["outputs"]
+    assert "decoder_model_merged.onnx[first step]:present.0.encoder.key" in report["outputs"]
 
 
 def test_dynamic_axes_and_optimum_names(exports):
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(exports["bart"] / "decoder_with_past_model.onnx"))
+    session = ort.InferenceSession(str(exports["bart"] / "decoder_model_merged.onnx"))
     inputs = {i.name: i.shape for i in session.get_inputs()}
-    assert inputs["input_ids"][0] == "batch"
+    assert inputs["input_ids"][:2] == ["batch", "target"] and inputs["use_cache_branch"] == [1]
+    assert inputs["encoder_hidden_states"][:2] == ["batch", "source"]
     assert inputs["past_key_values.0.decoder.key"][2] == "past"
     assert inputs["past_key_values.1.encoder.value"][2] == "source"
     assert [o.name for o in session.get_outputs()][:2] == ["logits", "present.0.decoder.key"]
+
+
+def test_merged_decoder_stores_each_weight_once_and_matches_the_separate_pair(plain_models, exports, tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    from modelshrink.runtime import load
+
+    result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(tmp_path / "pair"), "--no-merge",
+                                 *FAST])
+    assert result.exit_code == 0, result.output
+    pair, merged = tmp_path / "pair", exports["bart"]
+    assert (pair / "decoder_model.onnx").is_file() and (pair / "decoder_with_past_model.onnx").is_file()
+    assert not (pair / "decoder_model_merged.onnx").exists()
+
+    def weight_bytes(*paths: Path) -> int:
+        return sum(numpy_helper.to_array(i).nbytes for p in paths for i in onnx.load(str(p)).graph.initializer)
+
+    first, with_past = weight_bytes(pair / "decoder_model.onnx"), weight_bytes(pair / "decoder_with_past_model.onnx")
+    assert weight_bytes(merged / "decoder_model_merged.onnx") <= 1.05 * max(first, with_past)
+    report = json.loads((merged / "export_report.json").read_text())
+    assert report["storage"]["merged"]["shared"] > 0
+    # BART's output projection is tied to the embedding table: the float graph stores the table once
+    assert report["storage"]["decoder_model_merged.onnx"]["tied"] == 1
+    docs = ["the quick brown fox", "a small library for parsing files and more words"]
+    assert load(merged).summarize(docs, num_beams=3) == load(pair).summarize(docs, num_beams=3)
 
 
 def test_classifier_exports_and_predictions_agree(classifier_path, tmp_path):
@@ -76,6 +105,7 @@ def test_classifier_exports_and_predictions_agree(classifier_path, tmp_path):
 
 
 def test_int8_export_is_per_channel_validated_and_runs(plain_models, tmp_path):
+    import numpy as np
     import onnx
     from onnx import numpy_helper
 
@@ -85,12 +115,21 @@ def test_int8_export_is_per_channel_validated_and_runs(plain_models, tmp_path):
     assert result.exit_code == 0, result.output  # the check passes at the stated int8 tolerance
     manifest = read_manifest(tmp_path / "int8")
     assert manifest["resolved"]["weights"].startswith("int8") and manifest["options"]["per_channel"] is True
-    graph = onnx.load(str(tmp_path / "int8" / "decoder_model.onnx")).graph
-    assert any(n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul") for n in graph.node)
+    graph = onnx.load(str(tmp_path / "int8" / "decoder_model_merged.onnx")).graph
+    nodes = [n for branch in graph.node[0].attribute for n in branch.g.node]  # the If's two branches
+    assert any(n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul") for n in nodes)
     # one weight scale per output column: the default, because per-tensor scales moved the MiniLM teacher's
     # logits by 26% (RMS) against 10% per channel
-    scales = [numpy_helper.to_array(i) for i in graph.initializer if i.name.endswith("_scale")]
-    assert scales and all(s.ndim == 1 and s.size > 1 for s in scales)
+    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    weights = {n.input[1] for n in nodes if n.op_type == "MatMulInteger"} & set(inits)
+    assert weights and all(inits[w].dtype == np.uint8 for w in weights)
+    scales = [inits[n.input[3]] for n in nodes if n.op_type == "MatMulInteger" and n.input[3] in inits]
+    assert scales == [] or all(s.size > 1 for s in scales)
+    per_column = [v for k, v in inits.items() if k.endswith("_scale") and v.ndim == 1 and v.size > 1]
+    assert per_column
+    # the embedding tables are 8-bit too (Gather on uint8, then DequantizeLinear)
+    gathers = [n for n in nodes if n.op_type == "Gather" and n.input[0] in inits and inits[n.input[0]].ndim == 2]
+    assert gathers and all(inits[n.input[0]].dtype == np.uint8 for n in gathers)
     # unsigned weights: signed per-channel weights clip int16 sums on CPUs without VNNI (logits 31% RMS off)
     outputs = json.loads((tmp_path / "int8" / "export_report.json").read_text())["validation"]["outputs"]
     assert max(o["rms_ratio"] for o in outputs.values()) < 0.1

@@ -49,6 +49,10 @@ def test_runtime_generates_the_tokens_pytorch_generates(exported, family, overri
                             resolve_generation(model.generation_config, **overrides)).numpy()
     got = runtime.generate_ids(enc["input_ids"].numpy(), enc["attention_mask"].numpy(), runtime.settings(**overrides))
     np.testing.assert_array_equal(got, expected)
+    assert runtime.search_ops is not None  # beam search ranked onnxruntime's per-beam candidates; numpy agrees
+    runtime.search_ops = None
+    np.testing.assert_array_equal(runtime.generate_ids(enc["input_ids"].numpy(), enc["attention_mask"].numpy(),
+                                                       runtime.settings(**overrides)), expected)
     # and the runtime's own tokenizer and decoding give transformers' text
     assert runtime.summarize(DOCUMENTS[:5], **overrides) == tok.batch_decode(expected, skip_special_tokens=True)
 
@@ -107,6 +111,30 @@ def test_runtime_classifies_like_pytorch(classifier_path, tmp_path):
     model, tok = load_classifier(str(classifier_path))
     rows = [{"text": d, "text_pair": None} for d in DOCUMENTS]
     assert load(tmp_path / "c").classify(DOCUMENTS) == predict(model, tok, rows, 4, "cpu")
+
+
+def test_search_ops_candidates_equal_the_whole_row_ranking_with_ties_and_bans(exported):
+    """Per-beam top k from onnxruntime, then a ranking of those candidates: the same scores and indices as a
+    stable top-k over all [beams x vocab], with ties (small integer logits) and banned tokens."""
+    from modelshrink.runtime import Search, load
+
+    runtime = load(exported["bart"][1])
+    ops = runtime.search_ops
+    rng = np.random.default_rng(0)
+    batch, beams, vocab, keep = 3, 4, 40, 8
+    for trial in range(20):
+        logits = rng.integers(0, 4, size=(batch * beams, vocab)).astype(np.float32)
+        running = rng.integers(-3, 0, size=(batch, beams)).astype(np.float32)
+        if trial % 2:
+            running[:, 1:] = -1.0e9  # the first step: only beam 0 is alive
+        flat = rng.integers(0, 6, size=(batch * beams, 7))  # short sequences over few tokens: many 2-gram bans
+        settings = Search(num_beams=beams, max_length=30, min_length=10, no_repeat_ngram_size=2, eos_token_id=(2,))
+        runtime.search_ops = ops
+        got = runtime._candidates(logits.copy(), flat, running, keep, settings)
+        runtime.search_ops = None
+        expected = runtime._candidates(logits.copy(), flat, running, keep, settings)
+        np.testing.assert_array_equal(got[1], expected[1])
+        np.testing.assert_allclose(got[0], expected[0], rtol=1e-6)
 
 
 def test_topk_keeps_torch_order_with_ties():

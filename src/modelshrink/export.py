@@ -1,31 +1,35 @@
 """`export`: a model artifact as ONNX graphs that a service runs with onnxruntime alone.
 
-A seq2seq model becomes three graphs under Optimum's names, so existing tooling (Optimum's
+A seq2seq model becomes graphs under Optimum's names, so existing tooling (Optimum's
 `ORTModelForSeq2SeqLM`, our `modelshrink.runtime`) recognizes them:
 
 - encoder_model.onnx: input_ids, attention_mask -> last_hidden_state
+- decoder_model_merged.onnx (the default): one If on `use_cache_branch` between the two decoders below,
+  which share every weight (`merge_decoders`); with `merge=False` they are written as two files:
 - decoder_model.onnx (the first step): input_ids, encoder_attention_mask, encoder_hidden_states ->
   logits, present.{i}.decoder.key/value, present.{i}.encoder.key/value
 - decoder_with_past_model.onnx (every later step): input_ids, encoder_attention_mask,
   past_key_values.{i}.decoder.key/value, past_key_values.{i}.encoder.key/value -> logits,
   present.{i}.decoder.key/value (the cross-attention keys and values never change after step one)
+- search_ops.onnx: log-softmax and top-k over the vocabulary, for the runtime's beam search.
 
 A classifier becomes model.onnx (input_ids, attention_mask[, token_type_ids] -> logits). Batch and
 sequence axes are dynamic. The decoders are exported through a small wrapper that takes and returns
 flat tensors and builds transformers' cache object inside, because the exporter cannot trace
 through a cache object passed in from outside.
 
-Size: a `quantize` artifact's weights are α·b with integer b; `compact_quantized` finds those
+Size: a float output projection tied to the embedding table is stored once (`store_tied_once`); a
+`quantize` artifact's weights are α·b with integer b; `compact_quantized` finds those
 initializers and stores them as int8 with a DequantizeLinear node (one scale per tensor or per row),
 so a 2-2-8 or 8-8-8 model stays about 4× smaller than float32 in the export. `--int8` instead runs
 onnxruntime's dynamic quantization (8-bit weights with one scale per output column, integer matmuls with
-activations quantized on the fly); see `quantize_int8` for the choices and what they measured.
+activations quantized on the fly, 8-bit embedding tables); see `quantize_int8` for the choices and what
+they measured.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -35,7 +39,8 @@ import torch
 
 from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
 from modelshrink.errors import UserError
-from modelshrink.runtime import CLASSIFIER, DECODER, DECODER_WITH_PAST, DEQUANTIZED, ENCODER
+from modelshrink.runtime import (CLASSIFIER, DECODER, DECODER_MERGED, DECODER_WITH_PAST, DEQUANTIZED, ENCODER,
+                                 SEARCH_OPS)
 
 LogFn = Callable[[str], None]
 MIN_OPSET, MAX_OPSET = 14, 20  # 14: the attention ops of these models; 20: the newest the torch exporter writes
@@ -70,6 +75,7 @@ class ExportOptions:
     samples: int = 4
     generation_docs: int = 4
     max_source_length: int | None = None
+    merge: bool = True
     trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
@@ -226,6 +232,7 @@ def export_seq2seq(model: torch.nn.Module, folder: Path, enc: dict[str, torch.Te
     _export(DecoderGraph(model, layers, with_past=True), (dec_ids[:, -1:], enc["attention_mask"], *past),
             folder / DECODER_WITH_PAST, ["input_ids", "encoder_attention_mask", *past_names], ["logits", *new_names],
             axes, opset)
+    write_search_ops(folder, opset)
     return [ENCODER, DECODER, DECODER_WITH_PAST]
 
 
@@ -247,7 +254,168 @@ def export_classifier(model: torch.nn.Module, folder: Path, enc: dict[str, torch
     return [CLASSIFIER]
 
 
+def write_search_ops(folder: Path, opset: int) -> None:
+    """search_ops.onnx: LogSoftmax and TopK over the vocabulary (logits [rows, vocab], k [1] -> values, indices
+    [rows, k], best first, ties to the lower index). The runtime's beam search uses it instead of numpy, whose
+    single-threaded exp and partition over [beams x vocab] took a third of a batch-16 step on 2 cores."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("LogSoftmax", ["logits"], ["log_probs"], axis=-1),
+             helper.make_node("TopK", ["log_probs", "k"], ["values", "indices"], axis=-1, largest=1, sorted=1)]
+    graph = helper.make_graph(
+        nodes, "search_ops",
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", "vocab"]),
+         helper.make_tensor_value_info("k", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("values", TensorProto.FLOAT, ["rows", "k"]),
+         helper.make_tensor_value_info("indices", TensorProto.INT64, ["rows", "k"])])
+    opsets = [helper.make_opsetid("", opset)]
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="modelshrink",
+                              ir_version=helper.find_min_ir_version_for(opsets))
+    onnx.checker.check_model(model)
+    onnx.save(model, str(folder / SEARCH_OPS))
+
+
+# ---------------------------------------------------------------- one merged decoder
+
+def merge_decoders(folder: Path) -> dict[str, int]:
+    """decoder_model.onnx + decoder_with_past_model.onnx -> decoder_model_merged.onnx, weights stored once.
+
+    The merged graph takes every input of both (and `use_cache_branch`, a bool [1]) and holds one If
+    node: its then-branch is the decoder with past, its else-branch the first step; both read the
+    initializers of the outer graph, found equal by value (the exporter names and constant-folds the
+    two graphs separately, so the same weight can carry two names). In the with-past branch the
+    cross-attention outputs, which never change after the first step, are empty tensors: the caller
+    keeps the first step's. The two graphs are removed afterwards. Works on float and on int8 graphs
+    (dynamic quantization of a weight is deterministic, so both graphs hold the same int8 copy)."""
+    import hashlib
+
+    import onnx
+    from onnx import helper, numpy_helper
+
+    models = {"first": onnx.load(str(folder / DECODER)), "past": onnx.load(str(folder / DECODER_WITH_PAST))}
+    shared: dict[str, Any] = {}
+    by_value: dict[tuple, str] = {}
+    total = 0
+    renamed: dict[str, dict[str, str]] = {}
+    for tag, model in models.items():
+        mapping = renamed[tag] = {}
+        for init in model.graph.initializer:
+            total += 1
+            value = numpy_helper.to_array(init)
+            key = (init.data_type, tuple(init.dims), hashlib.sha256(value.tobytes()).hexdigest())
+            name = by_value.get(key)
+            if name is None:
+                name = init.name if init.name not in shared else f"{tag}/{init.name}"
+                copy = onnx.TensorProto()
+                copy.CopyFrom(init)
+                copy.name = name
+                shared[name], by_value[key] = copy, name
+            mapping[init.name] = name
+    outer = {i.name: i for tag in ("past", "first") for i in models[tag].graph.input}  # first's input_ids: any length
+
+    def branch(tag: str, extra_outputs: list[str]) -> Any:
+        graph, mapping = models[tag].graph, renamed[tag]
+
+        def rename(name: str) -> str:
+            return name if not name or name in outer else mapping.get(name, f"{tag}/{name}")
+
+        nodes = []
+        for node in graph.node:
+            if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+                raise UserError(f"cannot merge decoders: {node.op_type} node with a subgraph in {tag}")
+            new = onnx.NodeProto()
+            new.CopyFrom(node)
+            new.name = f"{tag}/{node.name}"
+            del new.input[:], new.output[:]
+            new.input.extend(rename(n) for n in node.input)
+            new.output.extend(rename(n) for n in node.output)
+            nodes.append(new)
+        outputs = {o.name: o for o in graph.output}
+        for name in extra_outputs:  # an empty float tensor of the output's rank
+            reference = next(o for o in models["first"].graph.output if o.name == name)
+            rank = len(reference.type.tensor_type.shape.dim)
+            empty = numpy_helper.from_array(np.zeros((0,) * rank, dtype=np.float32), f"{tag}/{name}")
+            nodes.append(helper.make_node("Constant", [], [f"{tag}/{name}"], name=f"{tag}/{name}/empty", value=empty))
+            outputs[name] = reference
+        order = [o.name for o in models["first"].graph.output]
+        values = []
+        for name in order:
+            source = outputs[name]
+            info = onnx.ValueInfoProto()
+            info.name = rename(name) if name in {o.name for o in graph.output} else f"{tag}/{name}"
+            info.type.tensor_type.elem_type = source.type.tensor_type.elem_type
+            values.append(info)
+        return helper.make_graph(nodes, f"decoder_{tag}", [], values)
+
+    first_outputs = [o.name for o in models["first"].graph.output]
+    past_outputs = {o.name for o in models["past"].graph.output}
+    then_branch = branch("past", [n for n in first_outputs if n not in past_outputs])
+    else_branch = branch("first", [])
+    inputs = [outer[name] for name in dict.fromkeys(
+        [i.name for i in models["first"].graph.input] + [i.name for i in models["past"].graph.input])]
+    flag = helper.make_tensor_value_info("use_cache_branch", onnx.TensorProto.BOOL, [1])
+    outputs = []
+    for o in models["first"].graph.output:
+        info = onnx.ValueInfoProto()
+        info.name = o.name
+        info.type.tensor_type.elem_type = o.type.tensor_type.elem_type
+        outputs.append(info)
+    node = helper.make_node("If", ["use_cache_branch"], first_outputs, name="use_cache_branch_if",
+                            then_branch=then_branch, else_branch=else_branch)
+    graph = helper.make_graph([node], "decoder_merged", [*inputs, flag], outputs, initializer=list(shared.values()))
+    first = models["first"]
+    merged = helper.make_model(graph, opset_imports=list(first.opset_import), producer_name="modelshrink",
+                               ir_version=first.ir_version)
+    onnx.save(merged, str(folder / DECODER_MERGED))
+    (folder / DECODER).unlink()
+    (folder / DECODER_WITH_PAST).unlink()
+    return {"initializers": total, "shared": total - len(shared)}
+
+
 # ---------------------------------------------------------------- size
+
+def store_tied_once(path: Path) -> dict[str, int]:
+    """A float matrix that is the transpose of another initializer (a tied output projection: the exporter
+    constant-folds lm_head's weight.T next to the embedding table it is tied to) becomes a Transpose node
+    of that initializer, which onnxruntime folds back into a constant when it loads the graph: the file
+    holds the table once. Float graphs only: `--int8` needs the matmul weight as an initializer."""
+    import hashlib
+
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+
+    def digest(a: np.ndarray) -> str:
+        return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+    matrices = [i for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2
+                and i.dims[0] * i.dims[1] >= 256]
+    by_value = {(tuple(i.dims), digest(numpy_helper.to_array(i))): i.name for i in matrices}
+    found = {}
+    for init in matrices:
+        value = numpy_helper.to_array(init)
+        source = by_value.get((tuple(init.dims[::-1]), digest(value.T)))
+        if source is not None and source != init.name and source not in found:
+            found[init.name] = source
+    if not found:
+        return {"tied": 0, "bytes_saved": 0}
+    saved = 0
+    kept = []
+    for init in graph.initializer:
+        if init.name in found:
+            saved += int(np.prod(init.dims)) * 4
+        else:
+            kept.append(init)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    for name, source in found.items():
+        graph.node.insert(0, helper.make_node("Transpose", [source], [name], name=f"{name}/tied", perm=[1, 0]))
+    onnx.save(model, str(path))
+    return {"tied": len(found), "bytes_saved": saved}
+
 
 def compact_quantized(path: Path, thresholds: set[int]) -> dict[str, int]:
     """Store float initializers whose values are α·b (b integer, |b| <= a threshold) as int8 + DequantizeLinear.
@@ -305,7 +473,9 @@ def _integer_form(w: np.ndarray, thresholds: set[int]) -> tuple[np.ndarray, np.n
 def quantize_int8(path: Path, per_channel: bool) -> None:
     """onnxruntime dynamic quantization: 8-bit weights (one scale and zero point per output column with
     `per_channel`), activations quantized per call, matmuls in integers. Only MatMuls with a constant
-    weight: attention's activation-by-activation products stay float.
+    weight: attention's activation-by-activation products stay float. Embedding tables (Gather of a
+    constant) become uint8 with one scale per table and a DequantizeLinear after the lookup, so that
+    they, a quarter of a MiniLM bert2bert's weights per table, stop dominating the int8 folder.
 
     Weights are unsigned: with signed weights onnxruntime multiplies u8 activations by s8 weights with
     AVX2's vpmaddubsw, which adds two products into a saturating int16 (2 x 255 x 127 > 32767); without
@@ -317,7 +487,7 @@ def quantize_int8(path: Path, per_channel: bool) -> None:
 
     tmp = path.with_suffix(".int8.onnx")
     quantize_dynamic(str(path), str(tmp), per_channel=per_channel, weight_type=QuantType.QUInt8,
-                     op_types_to_quantize=["MatMul", "Gemm"], extra_options={"MatMulConstBOnly": True})
+                     op_types_to_quantize=["MatMul", "Gemm", "Gather"], extra_options={"MatMulConstBOnly": True})
     tmp.replace(path)
 
 
@@ -382,16 +552,20 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
                                                                       quantized["embedding_bits"])}
             for name in graphs:
                 storage[name] = compact_quantized(folder / name, thresholds)
-        float_dir = None
         if options.int8:
-            float_dir = folder.parent / f".{folder.name}.float32"
-            if float_dir.exists():
-                shutil.rmtree(float_dir)
-            float_dir.mkdir()
             for name in graphs:
-                shutil.copy2(folder / name, float_dir / name)
                 log(f"int8: dynamic quantization of {name}")
                 quantize_int8(folder / name, options.per_channel)
+        if kind == "seq2seq" and options.merge:
+            storage["merged"] = merge_decoders(folder)
+            graphs = [ENCODER, DECODER_MERGED]
+            log(f"merged the two decoders into {DECODER_MERGED} ({storage['merged']['shared']} of the "
+                f"{storage['merged']['initializers']} initializers were the same weight in both)")
+        if not options.int8:
+            for name in graphs:
+                tied = store_tied_once(folder / name)
+                if tied["tied"]:
+                    storage.setdefault(name, {}).update(tied)
         _write_companions(model, tokenizer, folder, kind)
         resolved = {"kind": kind, "graphs": graphs, "max_source_length": max_source_length,
                     "quantized_artifact": quantized["bits"] if quantized else None,
@@ -411,8 +585,6 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
                              generation_docs=options.generation_docs, log=log)
             report["validation"] = check
             failure = check.get("failure")
-        if float_dir is not None:
-            shutil.rmtree(float_dir, ignore_errors=True)
         (folder / "export_report.json").write_text(json.dumps(report, indent=2) + "\n")
         _model_card(folder, options, report)
         metrics = {"validated": options.validate, "passed": failure is None if options.validate else None}

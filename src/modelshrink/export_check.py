@@ -58,8 +58,9 @@ def _compare(name: str, reference: list[torch.Tensor], got: list[np.ndarray], na
 
 def output_differences(model: Any, tokenizer: Any, runtime: Any, kind: str, texts: list[str],
                        max_source_length: int) -> dict[str, dict[str, float]]:
-    from modelshrink.export import (ClassifierGraph, DecoderGraph, EncoderGraph, _decoder_layers,
+    from modelshrink.export import (ClassifierGraph, DecoderGraph, EncoderGraph, _decoder_layers, present_names,
                                     sample_decoder_ids)
+    from modelshrink.runtime import DECODER, DECODER_MERGED, DECODER_WITH_PAST
 
     enc = tokenizer(texts, truncation=True, max_length=max_source_length, padding=True, return_tensors="pt")
     diffs: dict[str, dict[str, float]] = {}
@@ -80,17 +81,19 @@ def output_differences(model: Any, tokenizer: Any, runtime: Any, kind: str, text
         vocab = model.get_output_embeddings().weight.shape[0]
         dec_ids = sample_decoder_ids(ids.shape[0], 5, vocab, model.generation_config.decoder_start_token_id or 0, 1)
         first = DecoderGraph(model, layers, with_past=False).eval()(dec_ids, mask, hidden)
-        names = [o.name for o in runtime.decoder.get_outputs()]
-        got = runtime.decoder.run(None, {"input_ids": dec_ids.numpy(), "encoder_attention_mask": mask.numpy(),
-                                         "encoder_hidden_states": hidden.numpy()})
-        _compare("decoder_model.onnx", list(first), got, names, diffs, mask.numpy())
+        names = ["logits", *present_names(layers, with_past=False)]
+        got = runtime.run_decoder({"input_ids": dec_ids.numpy(), "encoder_attention_mask": mask.numpy(),
+                                   "encoder_hidden_states": hidden.numpy()}, with_past=False)
+        labels = (f"{DECODER_MERGED}[first step]", f"{DECODER_MERGED}[with past]") if runtime.merged \
+            else (DECODER, DECODER_WITH_PAST)
+        _compare(labels[0], list(first), [got[n] for n in names], names, diffs, mask.numpy())
         step = dec_ids[:, -1:].flip(0)
         following = DecoderGraph(model, layers, with_past=True).eval()(step, mask, *first[1:])
         past = {n.replace("present", "past_key_values"): t.numpy() for n, t in zip(names[1:], first[1:])}
-        got = runtime.decoder_with_past.run(None, {"input_ids": step.numpy(), "encoder_attention_mask": mask.numpy(),
-                                                   **past})
-        _compare("decoder_with_past_model.onnx", list(following), got,
-                 [o.name for o in runtime.decoder_with_past.get_outputs()], diffs, mask.numpy())
+        got = runtime.run_decoder({"input_ids": step.numpy(), "encoder_attention_mask": mask.numpy(), **past},
+                                  with_past=True)
+        names = ["logits", *present_names(layers, with_past=True)]
+        _compare(labels[1], list(following), [got[n] for n in names], names, diffs, mask.numpy())
     return diffs
 
 

@@ -24,6 +24,8 @@ import numpy as np
 
 ENCODER, DECODER, DECODER_WITH_PAST, CLASSIFIER = ("encoder_model.onnx", "decoder_model.onnx",
                                                   "decoder_with_past_model.onnx", "model.onnx")
+DECODER_MERGED = "decoder_model_merged.onnx"
+SEARCH_OPS = "search_ops.onnx"  # log-softmax and per-row top-k for beam search: logits, k -> values, indices
 NEG = np.float32(-1.0e9)
 DEQUANTIZED = "int8 initializers + DequantizeLinear"
 
@@ -77,9 +79,10 @@ def search_from_configs(config: dict[str, Any], generation: dict[str, Any]) -> S
 
 # ---------------------------------------------------------------- logits processors (transformers' order)
 
-def _process(scores: np.ndarray, sequences: np.ndarray, s: Search) -> np.ndarray:
-    """no_repeat_ngram, min_length, forced BOS, forced EOS on [rows, vocab] scores for `sequences` [rows, len]."""
+def _bans(sequences: np.ndarray, s: Search) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, tokens) that no_repeat_ngram and min_length set to -inf for `sequences` [rows, len]."""
     cur_len = sequences.shape[1]
+    rows, tokens = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     n = s.no_repeat_ngram_size
     if n > 0 and cur_len >= n:
         # every n-gram of a row whose first n-1 tokens equal the row's last n-1 bans its last token
@@ -87,10 +90,25 @@ def _process(scores: np.ndarray, sequences: np.ndarray, s: Search) -> np.ndarray
         windows = np.lib.stride_tricks.sliding_window_view(sequences, n, axis=1)  # [rows, cur_len-n+1, n]
         hits = (windows[:, :, :n - 1] == sequences[:, None, cur_len + 1 - n:]).all(axis=-1)
         rows, where = np.nonzero(hits)
-        if rows.size:
-            scores[rows, windows[rows, where, n - 1]] = -np.inf
+        tokens = windows[rows, where, n - 1]
     if s.min_length > 0 and s.eos_token_id and cur_len < s.min_length:
-        scores[:, list(s.eos_token_id)] = -np.inf
+        eos = np.array(s.eos_token_id, dtype=np.int64)
+        rows = np.concatenate([rows, np.repeat(np.arange(sequences.shape[0]), eos.size)])
+        tokens = np.concatenate([tokens, np.tile(eos, sequences.shape[0])])
+    return rows, tokens
+
+
+def _forced(cur_len: int, s: Search) -> bool:
+    return (s.forced_bos_token_id is not None and cur_len == 1) or \
+        bool(s.forced_eos_token_id and cur_len == s.max_length - 1)
+
+
+def _process(scores: np.ndarray, sequences: np.ndarray, s: Search) -> np.ndarray:
+    """no_repeat_ngram, min_length, forced BOS, forced EOS on [rows, vocab] scores for `sequences` [rows, len]."""
+    cur_len = sequences.shape[1]
+    rows, tokens = _bans(sequences, s)
+    if rows.size:
+        scores[rows, tokens] = -np.inf
     if s.forced_bos_token_id is not None and cur_len == 1:
         scores[:] = -np.inf
         scores[:, s.forced_bos_token_id] = 0
@@ -163,10 +181,20 @@ class ExportedModel:
 
         if (self.folder / ENCODER).is_file():
             self.task = "summarization"
-            self.encoder, self.decoder, self.decoder_with_past = session(ENCODER), session(DECODER), \
-                session(DECODER_WITH_PAST)
-            self.past_names = [i.name for i in self.decoder_with_past.get_inputs() if i.name.startswith("past")]
+            self.encoder = session(ENCODER)
+            self.merged = (self.folder / DECODER_MERGED).is_file()
+            if self.merged:  # one graph: an If on use_cache_branch between the two decoders
+                self.decoder = self.decoder_with_past = session(DECODER_MERGED)
+            else:
+                self.decoder, self.decoder_with_past = session(DECODER), session(DECODER_WITH_PAST)
+            inputs = {i.name: i.shape for i in self.decoder_with_past.get_inputs()}
+            self.past_names = [n for n in inputs if n.startswith("past")]
+            # the static axes (heads, head size, width) of the inputs that a merged decoder's other branch ignores
+            self._static = {n: [d if isinstance(d, int) else 0 for d in shape] for n, shape in inputs.items()}
+            self.output_names = {"first": [o.name for o in self.decoder.get_outputs()],
+                                 "past": [o.name for o in self.decoder_with_past.get_outputs()]}
             self.search = search_from_configs(self.config, self.generation)
+            self.search_ops = session(SEARCH_OPS) if (self.folder / SEARCH_OPS).is_file() else None
         elif (self.folder / CLASSIFIER).is_file():
             self.classifier = session(CLASSIFIER)
             self.classifier_inputs = {i.name for i in self.classifier.get_inputs()}
@@ -227,20 +255,38 @@ class ExportedModel:
     def _encoder(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         return self.encoder.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
 
+    def _empty(self, name: str, batch: int) -> np.ndarray:
+        shape = list(self._static[name])
+        shape[0] = batch  # every other dynamic axis (source, past length) empty
+        return np.zeros(shape, dtype=np.float32)
+
+    def run_decoder(self, feed: dict[str, np.ndarray], with_past: bool) -> dict[str, np.ndarray]:
+        """One decoder call, first step or with past (feed: that graph's inputs); every output by name.
+        With a merged decoder, the inputs only the other branch reads are fed empty."""
+        if not self.merged:
+            session = self.decoder_with_past if with_past else self.decoder
+            return dict(zip(self.output_names["past" if with_past else "first"], session.run(None, feed)))
+        feed = dict(feed, use_cache_branch=np.array([with_past]))
+        batch = feed["input_ids"].shape[0]
+        for name in self._static:
+            if name not in feed:
+                feed[name] = self._empty(name, batch)
+        out = dict(zip(self.output_names["first"], self.decoder.run(None, feed)))
+        return {n: v for n, v in out.items() if not (with_past and ".encoder." in n)}  # empty in that branch
+
     def _first_step(self, tokens: np.ndarray, hidden: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, dict]:
-        outputs = self.decoder.run(None, {"input_ids": tokens, "encoder_attention_mask": mask,
-                                          "encoder_hidden_states": hidden})
-        names = [o.name for o in self.decoder.get_outputs()]
-        past = {n.replace("present", "past_key_values"): v for n, v in zip(names[1:], outputs[1:])}
-        return outputs[0][:, -1, :], past
+        out = self.run_decoder({"input_ids": tokens, "encoder_attention_mask": mask, "encoder_hidden_states": hidden},
+                               with_past=False)
+        logits = out.pop("logits")
+        return logits[:, -1, :], {n.replace("present", "past_key_values"): v for n, v in out.items()}
 
     def _next_step(self, tokens: np.ndarray, mask: np.ndarray, past: dict) -> tuple[np.ndarray, dict]:
         feed = {"input_ids": tokens, "encoder_attention_mask": mask, **{n: past[n] for n in self.past_names}}
-        outputs = self.decoder_with_past.run(None, feed)
-        names = [o.name for o in self.decoder_with_past.get_outputs()]
+        out = self.run_decoder(feed, with_past=True)
+        logits = out.pop("logits")
         new = dict(past)  # cross-attention keys and values do not change after the first step
-        new.update({n.replace("present", "past_key_values"): v for n, v in zip(names[1:], outputs[1:])})
-        return outputs[0][:, -1, :], new
+        new.update({n.replace("present", "past_key_values"): v for n, v in out.items()})
+        return logits[:, -1, :], new
 
     def generate_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, settings: Search | None = None) -> np.ndarray:
         """Token ids [batch, length] starting with the decoder start token, as `model.generate` returns them."""
@@ -289,11 +335,8 @@ class ExportedModel:
         logits, past = self._first_step(running[:, :, :1].reshape(batch * beams, 1), hidden, mask)
         while True:
             flat = running[:, :, :cur].reshape(batch * beams, cur)
-            log_probs = _process(_log_softmax(logits.astype(np.float32, copy=False)), flat, s)
-            vocab = log_probs.shape[-1]
-            log_probs = (log_probs.reshape(batch, beams, vocab) + running_scores[:, :, None]).reshape(batch, -1)
-            top = _topk(log_probs, keep)
-            top_scores = np.take_along_axis(log_probs, top, axis=1)
+            vocab = logits.shape[-1]
+            top_scores, top = self._candidates(logits.astype(np.float32, copy=False), flat, running_scores, keep, s)
             from_beam, tokens = top // vocab, top % vocab
             top_idx = _take(running_idx, from_beam)
             top_seq = _take(running, from_beam)
@@ -333,11 +376,40 @@ class ExportedModel:
         generated = int((best_idx + 1 != 0).sum(axis=1).max())
         return best_seq[:, :1 + generated]
 
+    def _candidates(self, logits: np.ndarray, flat: np.ndarray, running_scores: np.ndarray, keep: int,
+                    s: Search) -> tuple[np.ndarray, np.ndarray]:
+        """Beam search's `keep` best continuations per document: scores and indices into [beams x vocab],
+        best first, ties to the lower index (as torch.topk on the whole row).
+
+        With search_ops.onnx, onnxruntime computes the log-softmax and each beam's top k + (banned tokens
+        of that step) in multi-threaded kernels, and numpy ranks only those candidates: adding a beam's
+        running score keeps the order inside the beam, so the overall best are among each beam's best.
+        Steps that force a token, and folders without the file, take the whole [beams x vocab] row."""
+        batch, beams = running_scores.shape
+        rows, vocab = logits.shape
+        if self.search_ops is None or _forced(flat.shape[1], s):
+            log_probs = _process(_log_softmax(logits), flat, s)
+            log_probs = (log_probs.reshape(batch, beams, vocab) + running_scores[:, :, None]).reshape(batch, -1)
+            top = _topk(log_probs, keep)
+            return np.take_along_axis(log_probs, top, axis=1), top
+        ban_rows, ban_tokens = _bans(flat, s)
+        extra = int(np.bincount(ban_rows, minlength=rows).max()) if ban_rows.size else 0
+        k = min(keep + extra, vocab)
+        values, indices = self.search_ops.run(None, {"logits": logits, "k": np.array([k], dtype=np.int64)})
+        if ban_rows.size:
+            candidates = indices + (np.arange(rows, dtype=np.int64) * vocab)[:, None]
+            values = np.where(np.isin(candidates, ban_rows * vocab + ban_tokens), np.float32(-np.inf), values)
+        scores = (values.reshape(batch, beams, k) + running_scores[:, :, None]).reshape(batch, beams * k)
+        flat_index = (indices.reshape(batch, beams, k) + (np.arange(beams) * vocab)[None, :, None]).reshape(batch, -1)
+        order = np.lexsort((flat_index, -scores), axis=-1)[:, :keep]
+        return np.take_along_axis(scores, order, axis=1), np.take_along_axis(flat_index, order, axis=1)
+
     def parameter_count(self) -> int:
-        """Values held by the graphs' initializers; the decoder with past repeats the decoder's, so it is skipped."""
+        """Values held by the graphs' initializers (a separate decoder with past repeats the decoder's: skipped)."""
         import onnx
 
-        names = [ENCODER, DECODER] if self.task == "summarization" else [CLASSIFIER]
+        names = [ENCODER, DECODER_MERGED if self.merged else DECODER] if self.task == "summarization" \
+            else [CLASSIFIER]
         total = 0
         for name in names:
             for init in onnx.load(str(self.folder / name), load_external_data=False).graph.initializer:

@@ -13,7 +13,7 @@ from modelshrink.commands._common import emit, fail, handle_errors, log
 EPILOG = """\
 **Examples**
 
-Export the compressed student (encoder, decoder, decoder with past; config, tokenizer, model card),
+Export the compressed student (encoder, merged decoder; config, tokenizer, model card),
 checked against PyTorch on documents from the validation set:
 
     modelshrink export runs/student -o runs/student-onnx --data valid.jsonl
@@ -55,6 +55,9 @@ def export_command(
     per_channel: Annotated[Optional[bool], typer.Option(
         "--per-channel/--no-per-channel", help="With --int8: one weight scale per output channel (per tensor with "
                                                "--no-per-channel). [default: per channel]")] = None,
+    merge: Annotated[bool, typer.Option(
+        help="Seq2seq: one decoder_model_merged.onnx (an If between first step and steps with past, weights "
+             "stored once) instead of decoder_model.onnx + decoder_with_past_model.onnx.")] = True,
     validate: Annotated[bool, typer.Option(help="Check outputs and generated tokens against PyTorch.",
                                            rich_help_panel=CHECK)] = True,
     atol: Annotated[Optional[float], typer.Option(
@@ -83,7 +86,7 @@ def export_command(
         options = ExportOptions(model=model, opset=opset, int8=int8, per_channel=per_channel, validate=validate,
                                 atol=atol, data=data, text_column=text_column, samples=samples,
                                 generation_docs=generation_docs, max_source_length=max_source_length,
-                                trust_remote_code=trust_remote_code)
+                                merge=merge, trust_remote_code=trust_remote_code)
         path, _ = export_model(options, output, overwrite=overwrite, log=log)
     emit(path)
 
