@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--data", default=None, help="JSON lines with document and summary [default: bundled sample]")
     parser.add_argument("--docs", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=2, help="Batch-16 passes per form (the median is reported).")
+    parser.add_argument("--rounds", type=int, default=3, help="Batch-16 passes per form (the median is reported).")
     parser.add_argument("--max-source-length", type=int, default=64)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()

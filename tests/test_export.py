@@ -127,9 +127,13 @@ def test_int8_export_is_per_channel_validated_and_runs(plain_models, tmp_path):
     assert scales == [] or all(s.size > 1 for s in scales)
     per_column = [v for k, v in inits.items() if k.endswith("_scale") and v.ndim == 1 and v.size > 1]
     assert per_column
-    # the embedding tables are 8-bit too (Gather on uint8, then DequantizeLinear)
-    gathers = [n for n in nodes if n.op_type == "Gather" and n.input[0] in inits and inits[n.input[0]].ndim == 2]
-    assert gathers and all(inits[n.input[0]].dtype == np.uint8 for n in gathers)
+    # the embedding tables are int8 too, with one scale per row (gathered beside the rows)
+    gathers = [n for n in nodes if n.op_type == "Gather" and n.input[0] in inits]
+    tables = [inits[n.input[0]] for n in gathers if inits[n.input[0]].ndim == 2]
+    assert tables and all(t.dtype == np.int8 for t in tables)
+    row_scales = [inits[n.input[0]] for n in gathers if n.input[0].endswith("_row_scale")]
+    assert row_scales and all(r.dtype == np.float32 and r.ndim == 1 for r in row_scales)
+    assert not any(i.dtype == np.float32 and i.ndim == 2 and i.size >= 256 for i in inits.values())  # no float matrix
     # unsigned weights: signed per-channel weights clip int16 sums on CPUs without VNNI (logits 31% RMS off)
     outputs = json.loads((tmp_path / "int8" / "export_report.json").read_text())["validation"]["outputs"]
     assert max(o["rms_ratio"] for o in outputs.values()) < 0.1
@@ -227,3 +231,32 @@ def test_bad_inputs_are_one_line_and_write_nothing(plain_models, docs_jsonl, tmp
     taken.mkdir()
     (taken / "file").write_text("x")
     _refused([str(plain_models["bart"])], taken, "already exists")
+
+
+def test_embedding_tables_are_int8_with_one_scale_per_row(tmp_path):
+    """A table with one row 100x larger than the others: per-row scales keep every small row to within half
+    its own step (one scale per table would round all of them to zero)."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from modelshrink.export import quantize_embeddings
+
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((50, 8)).astype(np.float32) * 0.02
+    table[7] *= 100
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0)], "g",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"])],
+                              [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["b", "s", 8])],
+                              initializer=[numpy_helper.from_array(table, "table")])
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    assert quantize_embeddings(path) == 1
+    model = onnx.load(str(path))
+    assert {numpy_helper.to_array(i).dtype for i in model.graph.initializer if i.name.startswith("table")} == \
+        {np.dtype(np.int8), np.dtype(np.float32), np.dtype(np.int64)}
+    ids = np.array([[0, 7, 3], [49, 7, 1]])
+    got = ort.InferenceSession(str(path)).run(None, {"ids": ids})[0]
+    step = np.abs(table).max(axis=1) / 127
+    assert np.all(np.abs(got - table[ids]) <= step[ids][..., None] / 2 + 1e-7)

@@ -113,6 +113,35 @@ def test_runtime_classifies_like_pytorch(classifier_path, tmp_path):
     assert load(tmp_path / "c").classify(DOCUMENTS) == predict(model, tok, rows, 4, "cpu")
 
 
+@pytest.mark.parametrize("early_stopping,beams", [(False, 3), (True, 3), ("never", 3), (False, 1)])
+def test_documents_that_finish_early_leave_the_batch_and_tokens_still_match(tmp_path, early_stopping, beams):
+    """A BART whose end token is favoured ends some summaries after a few tokens; those documents leave the
+    beam search's batch (fewer decoder rows per step), and every document still gets transformers' tokens."""
+    import torch
+
+    from modelshrink.generation import generate_ids, resolve_generation
+    from modelshrink.runtime import load
+
+    model, tok = build("bart", wide=False)
+    with torch.no_grad():
+        model.final_logits_bias[0, model.generation_config.eos_token_id] += 2.5
+    model.generation_config.early_stopping = early_stopping  # the runtime reads it from generation_config.json
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    assert runner.invoke(app, ["export", str(tmp_path / "m"), "-o", str(tmp_path / "x"), "--no-validate"]).exit_code == 0
+    runtime = load(tmp_path / "x")
+    rows = []
+    step = runtime._next_step
+    runtime._next_step = lambda tokens, mask, past: (rows.append(tokens.shape[0]), step(tokens, mask, past))[1]
+    enc = tok(DOCUMENTS[:6], padding=True, return_tensors="pt")
+    overrides = dict(num_beams=beams, max_length=20)
+    got = runtime.generate_ids(enc["input_ids"].numpy(), enc["attention_mask"].numpy(), runtime.settings(**overrides))
+    expected = generate_ids(model, enc["input_ids"], enc["attention_mask"],
+                            resolve_generation(model.generation_config, **overrides)).numpy()
+    np.testing.assert_array_equal(got, expected)
+    assert min(rows) < 6 * beams  # fewer decoder rows once some documents were done
+
+
 def test_search_ops_candidates_equal_the_whole_row_ranking_with_ties_and_bans(exported):
     """Per-beam top k from onnxruntime, then a ranking of those candidates: the same scores and indices as a
     stable top-k over all [beams x vocab], with ties (small integer logits) and banned tokens."""

@@ -23,7 +23,7 @@ Size: a float output projection tied to the embedding table is stored once (`sto
 initializers and stores them as int8 with a DequantizeLinear node (one scale per tensor or per row),
 so a 2-2-8 or 8-8-8 model stays about 4× smaller than float32 in the export. `--int8` instead runs
 onnxruntime's dynamic quantization (8-bit weights with one scale per output column, integer matmuls with
-activations quantized on the fly, 8-bit embedding tables); see `quantize_int8` for the choices and what
+activations quantized on the fly; embedding tables in int8 with a scale per row); see `quantize_int8` for the choices and what
 they measured.
 """
 
@@ -470,12 +470,65 @@ def _integer_form(w: np.ndarray, thresholds: set[int]) -> tuple[np.ndarray, np.n
     return None
 
 
+def quantize_embeddings(path: Path) -> int:
+    """Embedding tables (float matrices read only by Gather on axis 0) as int8 with one scale per row: the
+    lookup gathers the int8 rows and their scales, and multiplies. Per row rather than onnxruntime's one
+    scale per table, because a few large rows then set every row's step. Returns the tables changed."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    changed, kept, new_nodes = 0, [], []
+    for init in graph.initializer:
+        users = consumers.get(init.name, [])
+        gathers = users and all(n.op_type == "Gather" and n.input[0] == init.name and
+                                all(a.i == 0 for a in n.attribute if a.name == "axis") for n in users)
+        if not (gathers and init.data_type == onnx.TensorProto.FLOAT and len(init.dims) == 2
+                and init.dims[0] * init.dims[1] >= 256):
+            kept.append(init)
+            continue
+        table = numpy_helper.to_array(init)
+        peak = np.abs(table).max(axis=1)
+        scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
+        q_name, s_name, axis_name = init.name + "_int8", init.name + "_row_scale", init.name + "_last_axis"
+        kept += [numpy_helper.from_array(np.round(table / scale[:, None]).astype(np.int8), q_name),
+                 numpy_helper.from_array(scale, s_name), numpy_helper.from_array(np.array([-1], dtype=np.int64),
+                                                                                 axis_name)]
+        for node in users:
+            out, ids = node.output[0], node.input[1]
+            node.input[0] = q_name
+            node.output[0] = out + "_int8"
+            new_nodes.append((node, [
+                helper.make_node("Cast", [out + "_int8"], [out + "_float"], name=out + "_cast",
+                                 to=onnx.TensorProto.FLOAT),
+                helper.make_node("Gather", [s_name, ids], [out + "_scale"], name=out + "_gather_scale", axis=0),
+                helper.make_node("Unsqueeze", [out + "_scale", axis_name], [out + "_scale_col"],
+                                 name=out + "_unsqueeze_scale"),
+                helper.make_node("Mul", [out + "_float", out + "_scale_col"], [out], name=out + "_dequantize")]))
+        changed += 1
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    for node, after in new_nodes:  # right after each lookup, so the node order stays topological
+        at = list(graph.node).index(node) + 1
+        for offset, extra in enumerate(after):
+            graph.node.insert(at + offset, extra)
+    onnx.save(model, str(path))
+    return changed
+
+
 def quantize_int8(path: Path, per_channel: bool) -> None:
     """onnxruntime dynamic quantization: 8-bit weights (one scale and zero point per output column with
     `per_channel`), activations quantized per call, matmuls in integers. Only MatMuls with a constant
-    weight: attention's activation-by-activation products stay float. Embedding tables (Gather of a
-    constant) become uint8 with one scale per table and a DequantizeLinear after the lookup, so that
-    they, a quarter of a MiniLM bert2bert's weights per table, stop dominating the int8 folder.
+    weight: attention's activation-by-activation products stay float. Embedding tables become int8 with
+    one scale per row (`quantize_embeddings`): on a trained 6-2 MiniLM student (200 Debian documents) that
+    kept ROUGE-1 at 22.6 (float32: 22.5) with 137 summaries equal to float32's, where onnxruntime's own
+    Gather quantization (one scale per table) gave 21.7 and 116, and float tables 22.3 and 127 at 2.4x
+    the size.
 
     Weights are unsigned: with signed weights onnxruntime multiplies u8 activations by s8 weights with
     AVX2's vpmaddubsw, which adds two products into a saturating int16 (2 x 255 x 127 > 32767); without
@@ -487,8 +540,9 @@ def quantize_int8(path: Path, per_channel: bool) -> None:
 
     tmp = path.with_suffix(".int8.onnx")
     quantize_dynamic(str(path), str(tmp), per_channel=per_channel, weight_type=QuantType.QUInt8,
-                     op_types_to_quantize=["MatMul", "Gemm", "Gather"], extra_options={"MatMulConstBOnly": True})
+                     op_types_to_quantize=["MatMul", "Gemm"], extra_options={"MatMulConstBOnly": True})
     tmp.replace(path)
+    quantize_embeddings(path)
 
 
 # ---------------------------------------------------------------- the step
