@@ -190,14 +190,13 @@ def eval_command(
         if compare:
             from modelshrink.compare import compare as run_compare
 
-            evaluate_model = None
-            if data is not None:
-                def evaluate_model(model: str, folder: Path) -> Path:
-                    return evaluate(EvalOptions(data=data, model=model, device=device, batch_size=batch_size,
-                                                limit=limit, latency_docs=latency_docs, seed=seed), folder,
-                                    log=log)[0]
+            def evaluate_model(model: str, folder: Path) -> Path:
+                return evaluate(EvalOptions(data=data, model=model, device=device, batch_size=batch_size,
+                                            limit=limit, latency_docs=latency_docs, seed=seed), folder,
+                                log=log)[0]
 
-            path, result = run_compare(inputs, output, evaluate_model=evaluate_model, overwrite=overwrite,
+            path, result = run_compare(inputs, output, evaluate_model=evaluate_model if data is not None else None,
+                                       overwrite=overwrite,
                                        significance=significance, resamples=significance_resamples, seed=seed,
                                        log=log)
             _print_comparison(result)
