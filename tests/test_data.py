@@ -116,6 +116,26 @@ def test_missing_unknown_and_non_utf8(tmp_path):
         open_data(tmp_path / "plain")
 
 
+def test_a_folder_of_split_files_opens_by_split(tmp_path):
+    """The layout of ../shared/data/debian-descriptions: train.jsonl.gz, validation.jsonl.gz side by side."""
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    for split in ("train", "validation"):
+        with gzip.open(folder / f"{split}.jsonl.gz", "wt") as f:
+            f.write(json.dumps({"document": f"a {split} document", "summary": split}) + "\n")
+    (folder / "README.md").write_text("not data")
+    assert next(open_data(folder, "validation").rows())["summary"] == "validation"
+    assert next(open_data(folder, "train").rows())["summary"] == "train"
+    with pytest.raises(UserError, match="has splits train, validation; choose one with --split"):
+        open_data(folder)
+    with pytest.raises(UserError, match="no split 'test'"):
+        open_data(folder, "test")
+    single = tmp_path / "single"
+    single.mkdir()
+    write_jsonl(single / "test.jsonl", [{"document": "d", "summary": "s"}])
+    assert next(open_data(single).rows())["document"] == "d"  # one file: no --split needed
+
+
 def test_limit_and_ids_default_to_row_number(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", [{"document": f"d{i}"} for i in range(4)])
     got = list(examples(open_data(tmp_path / "a.jsonl"), "document", limit=2))

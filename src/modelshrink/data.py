@@ -120,6 +120,17 @@ def _pick_split(dataset_dict: Any, split: str | None, spec: str) -> Any:
     return dataset_dict[split]
 
 
+def _split_files(folder: Path) -> dict[str, Path]:
+    """{split: file} for a folder of data files named by their split (train.jsonl.gz, validation.jsonl, ...)."""
+    found = {}
+    for child in sorted(folder.iterdir()):
+        name = child.name.lower()
+        suffix = next((x for x in _JSONL_SUFFIXES + _CSV_SUFFIXES + (".parquet",) if name.endswith(x)), None)
+        if child.is_file() and suffix and len(name) > len(suffix):
+            found.setdefault(child.name[:-len(suffix)], child)
+    return found
+
+
 def open_data(spec: str | os.PathLike, split: str | None = None) -> DataSource:
     """Open a dataset given as a path or a hub name. Raises UserError when it cannot be read."""
     spec = str(spec)
@@ -137,8 +148,12 @@ def open_data(spec: str | os.PathLike, split: str | None = None) -> DataSource:
             if isinstance(loaded, datasets.DatasetDict):
                 loaded = _pick_split(loaded, split, spec)
             return DataSource(spec, "datasets", path, split, _hf=loaded)
+        files = _split_files(path)
+        if files:
+            return open_data(_pick_split(files, split, spec), None)
         raise UserError(f"{path} is a folder but neither a modelshrink dataset artifact (data.jsonl + "
-                        "modelshrink.json) nor a `datasets` save_to_disk folder")
+                        "modelshrink.json), a `datasets` save_to_disk folder, nor a folder of split files "
+                        "(train.jsonl, validation.jsonl.gz, test.csv, ...)")
     if path.is_file():
         name = path.name.lower()
         if not os.access(path, os.R_OK):

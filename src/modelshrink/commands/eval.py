@@ -153,8 +153,9 @@ def eval_command(
     max_source_length: MaxSourceLength = None,
     batch_size: Annotated[int, typer.Option(help="Batch size (throughput is measured at it).",
                                             rich_help_panel=GEN)] = 16,
-    split: Annotated[Optional[str], typer.Option(help="Split of a datasets folder or hub dataset.",
-                                                 rich_help_panel=COLS)] = None,
+    split: Annotated[Optional[str], typer.Option(
+        help="Split of a folder of split files, a datasets folder or a hub dataset.",
+        rich_help_panel=COLS)] = None,
     text_column: Annotated[Optional[str], typer.Option(help="Document / sentence column. [default: auto]",
                                                        rich_help_panel=COLS)] = None,
     summary_column: Annotated[Optional[str], typer.Option(help="MODEL DATA: the gold summary column. [default: auto]",
