@@ -104,6 +104,19 @@ def test_classifier_exports_and_predictions_agree(classifier_path, tmp_path):
     assert report["predictions"]["equal"] and report["max_abs_diff"] < 1e-4
 
 
+def test_classifier_int8_exports_with_integer_tables(classifier_path, tmp_path):
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    result = runner.invoke(app, ["export", str(classifier_path), "-o", str(tmp_path / "c8"), "--int8", *FAST])
+    assert result.exit_code == 0, result.output
+    inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(tmp_path / "c8" / "model.onnx")).graph.initializer}
+    assert any(v.dtype == np.int8 and v.ndim == 2 for v in inits.values())  # the embedding tables
+    report = json.loads((tmp_path / "c8" / "export_report.json").read_text())["validation"]
+    assert report["failure"] is None and "agreement" in report["predictions"]
+
+
 def test_int8_export_is_per_channel_validated_and_runs(plain_models, tmp_path):
     import numpy as np
     import onnx
@@ -191,6 +204,12 @@ def test_quantized_artifact_keeps_integer_weights(plain_models, tmp_path):
 
     assert weight_bytes(tmp_path / "q-onnx") < 0.4 * weight_bytes(tmp_path / "float")
     assert report["validation"]["failure"] is None and "agreement" in report["validation"]["generation"]
+    # --int8 on a quantize artifact: onnxruntime's integer matmuls instead of DequantizeLinear (which they
+    # cannot load behind); the weights stay 8-bit
+    int8 = runner.invoke(app, ["export", str(quantized), "-o", str(tmp_path / "q-int8"), "--int8", *FAST])
+    assert int8.exit_code == 0, int8.output
+    assert read_manifest(tmp_path / "q-int8")["resolved"]["weights"].startswith("int8")
+    assert weight_bytes(tmp_path / "q-int8") < 0.4 * weight_bytes(tmp_path / "float")
 
 
 def test_outputs_beyond_atol_exit_3_after_writing_the_report(plain_models, tmp_path):

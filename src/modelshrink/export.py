@@ -601,7 +601,9 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
         log(f"exporting {kind} {options.model} to ONNX (opset {options.opset})")
         graphs = (export_seq2seq if kind == "seq2seq" else export_classifier)(model, folder, enc, options.opset)
         storage: dict[str, Any] = {}
-        if quantized is not None:
+        if quantized is not None and not options.int8:
+            # with --int8 the dynamic quantization stores every matmul weight and table in 8 bits itself (and
+            # multiplies in integers); DequantizeLinear weights in front of its integer matmuls would not load
             thresholds = {1 if b == 2 else 2 ** (b - 1) - 1 for b in (quantized["weight_bits"],
                                                                       quantized["embedding_bits"])}
             for name in graphs:
