@@ -131,6 +131,10 @@ MaxSourceLength = Annotated[Optional[int], typer.Option(
     rich_help_panel=GEN_PANEL)]
 
 # The shared training loop's options, for every command that trains (help panel "Optimization").
+DATA = "Data"
+SPLITS = "a folder of split files, a datasets folder or a hub dataset"
+Split = Annotated[Optional[str], typer.Option(help=f"Split of DATA ({SPLITS}).", rich_help_panel=DATA)]
+ValidationSplit = Annotated[Optional[str], typer.Option(help="Split of --validation.", rich_help_panel=DATA)]
 OPT = "Optimization"
 MaxSteps = Annotated[Optional[int], typer.Option(help="Optimizer steps; 0 writes the initialized student untrained.",
                                                  rich_help_panel=OPT)]

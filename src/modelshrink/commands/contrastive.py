@@ -8,10 +8,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from modelshrink.commands._common import (OPT, VAL, Beta1, Beta2, Device, DocsProgress, EarlyStopping, Epochs, Eps,
-                                          EvalEvery, GradAccum, LogEvery, Lr, MaxGradNorm, MaxSteps, MaxTokens,
-                                          Overwrite, Resume, SaveEvery, Seed, TrustRemoteCode, WarmupRatio,
-                                          WarmupSteps, WeightDecay, emit, handle_errors, log, parse_ids)
+from modelshrink.commands._common import (DATA, OPT, VAL, Beta1, Beta2, Device, DocsProgress, EarlyStopping, Epochs,
+                                          Eps, EvalEvery, GradAccum, LogEvery, Lr, MaxGradNorm, MaxSteps, MaxTokens,
+                                          Overwrite, Resume, SaveEvery, Seed, Split, TrustRemoteCode, ValidationSplit,
+                                          WarmupRatio, WarmupSteps, WeightDecay, emit, handle_errors, log, parse_ids)
 
 EPILOG = """\
 **Examples**
@@ -46,7 +46,6 @@ Several processes or machines (the feature storage gathers every process's batch
 
 START = "Teacher and student"
 LOSS = "Loss (Eq. 4: α·CE + (1 − α)·KD + β·PT + γ·A-CDL; paper's search ranges in brackets)"
-DATA = "Data"
 
 
 def contrastive_command(
@@ -116,13 +115,10 @@ def contrastive_command(
                                                             rich_help_panel=DATA)] = None,
     label_column: Annotated[Optional[str], typer.Option(help="Label column. [default: label]",
                                                         rich_help_panel=DATA)] = None,
-    split: Annotated[Optional[str], typer.Option(
-        help="Split of DATA (a folder of split files, a datasets folder or a hub dataset).",
-        rich_help_panel=DATA)] = None,
-    validation_split: Annotated[Optional[str], typer.Option(help="Split of --validation.",
-                                                            rich_help_panel=DATA)] = None,
+    split: Split = None,
+    validation_split: ValidationSplit = None,
     limit: Annotated[Optional[int], typer.Option(help="Use only the first N training rows.",
-        rich_help_panel=DATA)] = None,
+                                                 rich_help_panel=DATA)] = None,
     max_length: Annotated[int, typer.Option(help="Truncate inputs to this many tokens (paper: 128).",
                                             rich_help_panel=DATA)] = 128,
     device: Device = "auto",

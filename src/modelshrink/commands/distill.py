@@ -8,11 +8,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from modelshrink.commands._common import (GEN_PANEL, OPT, VAL, Beta1, Beta2, Device, DocsProgress, EarlyStopping,
-                                          Epochs, Eps, EvalEvery, GradAccum, LogEvery, Lr, MaxGradNorm, MaxLength,
-                                          MaxSourceLength, MaxSteps, MaxTokens, NumBeams, Overwrite, Resume, SaveEvery,
-                                          Seed, TrustRemoteCode, WarmupRatio, WarmupSteps, WeightDecay, emit,
-                                          handle_errors, log, parse_ids)
+from modelshrink.commands._common import (DATA, GEN_PANEL, OPT, VAL, Beta1, Beta2, Device, DocsProgress,
+                                          EarlyStopping, Epochs, Eps, EvalEvery, GradAccum, LogEvery, Lr, MaxGradNorm,
+                                          MaxLength, MaxSourceLength, MaxSteps, MaxTokens, NumBeams, Overwrite,
+                                          Resume, SaveEvery, Seed, Split, TrustRemoteCode, ValidationSplit,
+                                          WarmupRatio, WarmupSteps, WeightDecay, emit, handle_errors, log, parse_ids)
 
 EPILOG = """\
 **Examples**
@@ -39,7 +39,6 @@ Several processes or machines:
 
 START = "Starting point"
 LOSS = "Losses"
-DATA = "Data"
 
 
 def distill_command(
@@ -105,17 +104,14 @@ def distill_command(
     max_source_length: MaxSourceLength = None,
     max_target_length: Annotated[int, typer.Option(help="Truncate summaries to this many tokens for training.",
                                                    rich_help_panel=GEN_PANEL)] = 128,
-    split: Annotated[Optional[str], typer.Option(
-        help="Split of DATA (a folder of split files, a datasets folder or a hub dataset).",
-        rich_help_panel=DATA)] = None,
-    validation_split: Annotated[Optional[str], typer.Option(help="Split of --validation.",
-                                                            rich_help_panel=DATA)] = None,
+    split: Split = None,
+    validation_split: ValidationSplit = None,
     text_column: Annotated[Optional[str], typer.Option(help="Document column. [default: auto]",
                                                        rich_help_panel=DATA)] = None,
     summary_column: Annotated[Optional[str], typer.Option(help="Summary column. [default: auto]",
                                                           rich_help_panel=DATA)] = None,
     limit: Annotated[Optional[int], typer.Option(help="Use only the first N training pairs.",
-        rich_help_panel=DATA)] = None,
+                                                 rich_help_panel=DATA)] = None,
     device: Device = "auto",
     resume: Resume = False,
     overwrite: Overwrite = False,
@@ -134,7 +130,8 @@ def distill_command(
                                    "(needs --save-every)."):
         options = DistillOptions(
             data=data, teacher=teacher, student=student, init_encoder_decoder=init_encoder_decoder,
-            cross_attention_init=cross_attention_init, encoder_layers=encoder_layers, decoder_layers=decoder_layers, layer_selection=layer_selection,
+            cross_attention_init=cross_attention_init, encoder_layers=encoder_layers, decoder_layers=decoder_layers,
+            layer_selection=layer_selection,
             encoder_layer_ids=parse_ids(encoder_layer_ids, "--encoder-layer-ids"),
             decoder_layer_ids=parse_ids(decoder_layer_ids, "--decoder-layer-ids"), kd_logits=kd_logits,
             kd_logits_weight=kd_logits_weight, temperature=temperature, kd_hidden=kd_hidden,

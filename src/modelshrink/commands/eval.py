@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from modelshrink.commands._common import (GEN_PANEL as GEN, DocsProgress, LengthPenalty, MaxLength,
+from modelshrink.commands._common import (GEN_PANEL as GEN, SPLITS, DocsProgress, LengthPenalty, MaxLength,
                                          MaxSourceLength, MinLength, NoRepeatNgramSize, NumBeams, emit,
                                          handle_errors, fail, log, stderr_console)
 
@@ -154,8 +154,7 @@ def eval_command(
     batch_size: Annotated[int, typer.Option(help="Batch size (throughput is measured at it).",
                                             rich_help_panel=GEN)] = 16,
     split: Annotated[Optional[str], typer.Option(
-        help="Split of a folder of split files, a datasets folder or a hub dataset.",
-        rich_help_panel=COLS)] = None,
+        help=f"Split of {SPLITS}.", rich_help_panel=COLS)] = None,
     text_column: Annotated[Optional[str], typer.Option(help="Document / sentence column. [default: auto]",
                                                        rich_help_panel=COLS)] = None,
     summary_column: Annotated[Optional[str], typer.Option(help="MODEL DATA: the gold summary column. [default: auto]",

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from modelshrink.commands._common import (GEN_PANEL as GEN, DocsProgress, LengthPenalty, MaxLength,
+from modelshrink.commands._common import (GEN_PANEL as GEN, SPLITS, DocsProgress, LengthPenalty, MaxLength,
                                          MaxSourceLength, MinLength, NoRepeatNgramSize, NumBeams, emit,
                                          handle_errors, log)
 
@@ -72,8 +72,7 @@ def pseudolabel(
     top_k: Annotated[Optional[int], typer.Option(help="Top-k sampling (with --do-sample).",
                                                  rich_help_panel=BASE)] = None,
     split: Annotated[Optional[str], typer.Option(
-        help="Split of a folder of split files, a datasets folder or a hub dataset.",
-        rich_help_panel=DATA)] = None,
+        help=f"Split of {SPLITS}.", rich_help_panel=DATA)] = None,
     text_column: Annotated[Optional[str], typer.Option(
         help="Document column. [default: auto: document/summary, article/highlights, dialogue/summary, "
              "text/summary]", rich_help_panel=DATA)] = None,
@@ -82,7 +81,7 @@ def pseudolabel(
     id_column: Annotated[Optional[str], typer.Option(help="Row id column. [default: id if present, else the row "
                                                           "number]", rich_help_panel=DATA)] = None,
     limit: Annotated[Optional[int], typer.Option(help="Use only the first N documents.",
-        rich_help_panel=DATA)] = None,
+                                                 rich_help_panel=DATA)] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N, or auto.")] = "auto",
     resume: Annotated[bool, typer.Option(help="Continue an interrupted run into the same output.")] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output.")] = False,
