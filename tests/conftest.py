@@ -116,32 +116,44 @@ def build(family: str, attn_implementation: str = "sdpa", seed: int = 0, wide: b
 FAMILIES = ["bart", "t5", "bert2bert"]
 
 
+def _save_families(root: Path, wide: bool) -> dict[str, Path]:
+    paths = {}
+    for family in FAMILIES:
+        model, tok = build(family, wide=wide)
+        model.save_pretrained(root / family)
+        tok.save_pretrained(root / family)
+        paths[family] = root / family
+    return paths
+
+
 @pytest.fixture(scope="session")
 def saved_models(tmp_path_factory) -> dict[str, Path]:
     """Each family's tiny model saved with save_pretrained (what a user points modelshrink at)."""
-    root = tmp_path_factory.mktemp("models")
-    paths = {}
-    for family in FAMILIES:
-        model, tok = build(family)
-        path = root / family
-        model.save_pretrained(path)
-        tok.save_pretrained(path)
-        paths[family] = path
-    return paths
+    return _save_families(tmp_path_factory.mktemp("models"), wide=True)
+
+
+@pytest.fixture(scope="session")
+def plain_models(tmp_path_factory) -> dict[str, Path]:
+    """The same tiny models with the library's usual initialisation (the wide test init pushes T5's activations
+    to where float32 rounding alone nears export's 1e-4 tolerance)."""
+    return _save_families(tmp_path_factory.mktemp("plain"), wide=False)
+
+
+def save_classifier(path: Path, tok, hidden: int = 16, layers: int = 1) -> Path:
+    """A tiny BERT sequence classifier over `tok`, saved with its tokenizer."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    model = BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers,
+                                                     num_attention_heads=2, intermediate_size=2 * hidden))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
 
 
 @pytest.fixture(scope="session")
 def classifier_path(tmp_path_factory) -> Path:
     """A tiny BERT sequence classifier: not an encoder-decoder."""
-    from transformers import BertConfig, BertForSequenceClassification
-
-    tok = bert_tokenizer()
-    model = BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
-                                                     num_attention_heads=2, intermediate_size=32))
-    path = tmp_path_factory.mktemp("classifier") / "bert-classifier"
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return save_classifier(tmp_path_factory.mktemp("classifier") / "bert-classifier", bert_tokenizer())
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from conftest import DOCUMENTS, bert_tokenizer, t5_tokenizer, write_jsonl
+from conftest import DOCUMENTS, bert_tokenizer, save_classifier, t5_tokenizer, write_jsonl
 from modelshrink.artifacts import read_manifest, staging_path
 from modelshrink.cli import app
 
@@ -151,15 +151,7 @@ def test_regression_needs_label_bins_for_the_contrastive_term(encoder, sentiment
 
 @pytest.fixture(scope="module")
 def other_tokenizer_classifier(tmp_path_factory):
-    from transformers import BertConfig, BertForSequenceClassification
-
-    tok = t5_tokenizer()
-    model = BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
-                                                     num_attention_heads=2, intermediate_size=64))
-    path = tmp_path_factory.mktemp("other") / "other-tok"
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return save_classifier(tmp_path_factory.mktemp("other") / "other-tok", t5_tokenizer(), hidden=32, layers=2)
 
 
 @pytest.mark.parametrize("case, message", [

@@ -17,20 +17,6 @@ FAST = ["--samples", "3", "--generation-docs", "2"]
 
 
 @pytest.fixture(scope="module")
-def plain_models(tmp_path_factory) -> dict[str, Path]:
-    """Tiny models with the library's usual initialisation (the wide test init pushes T5's activations to
-    where float32 rounding alone nears 1e-4)."""
-    root = tmp_path_factory.mktemp("plain")
-    paths = {}
-    for family in ("bart", "t5", "bert2bert"):
-        model, tok = build(family, wide=False)
-        model.save_pretrained(root / family)
-        tok.save_pretrained(root / family)
-        paths[family] = root / family
-    return paths
-
-
-@pytest.fixture(scope="module")
 def exports(plain_models, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("exports")
     out = {}

@@ -18,17 +18,14 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+def exported(plain_models, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     """(model folder, export folder) per family, exported without validation (test_export checks that)."""
     root = tmp_path_factory.mktemp("rt")
     out = {}
-    for family in ("bart", "t5", "bert2bert"):
-        model, tok = build(family, wide=False)
-        model.save_pretrained(root / family)
-        tok.save_pretrained(root / family)
-        result = runner.invoke(app, ["export", str(root / family), "-o", str(root / f"{family}-onnx"), "--no-validate"])
+    for family, path in plain_models.items():
+        result = runner.invoke(app, ["export", str(path), "-o", str(root / f"{family}-onnx"), "--no-validate"])
         assert result.exit_code == 0, result.output
-        out[family] = (root / family, root / f"{family}-onnx")
+        out[family] = (path, root / f"{family}-onnx")
     return out
 
 
