@@ -278,6 +278,13 @@ def write_search_ops(folder: Path, opset: int) -> None:
 
 # ---------------------------------------------------------------- one merged decoder
 
+def _digest(value: np.ndarray) -> str:
+    """What two initializers share when they hold the same values (names differ between exported graphs)."""
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
+
+
 def merge_decoders(folder: Path) -> dict[str, int]:
     """decoder_model.onnx + decoder_with_past_model.onnx -> decoder_model_merged.onnx, weights stored once.
 
@@ -288,8 +295,6 @@ def merge_decoders(folder: Path) -> dict[str, int]:
     cross-attention outputs, which never change after the first step, are empty tensors: the caller
     keeps the first step's. The two graphs are removed afterwards. Works on float and on int8 graphs
     (dynamic quantization of a weight is deterministic, so both graphs hold the same int8 copy)."""
-    import hashlib
-
     import onnx
     from onnx import helper, numpy_helper
 
@@ -302,8 +307,7 @@ def merge_decoders(folder: Path) -> dict[str, int]:
         mapping = renamed[tag] = {}
         for init in model.graph.initializer:
             total += 1
-            value = numpy_helper.to_array(init)
-            key = (init.data_type, tuple(init.dims), hashlib.sha256(value.tobytes()).hexdigest())
+            key = (init.data_type, tuple(init.dims), _digest(numpy_helper.to_array(init)))
             name = by_value.get(key)
             if name is None:
                 name = init.name if init.name not in shared else f"{tag}/{init.name}"
@@ -380,26 +384,19 @@ def store_tied_once(path: Path) -> dict[str, int]:
     constant-folds lm_head's weight.T next to the embedding table it is tied to) becomes a Transpose node
     of that initializer, which onnxruntime folds back into a constant when it loads the graph: the file
     holds the table once. Float graphs only: `--int8` needs the matmul weight as an initializer."""
-    import hashlib
-
     import onnx
     from onnx import helper, numpy_helper
 
     model = onnx.load(str(path))
     graph = model.graph
-
-    def digest(a: np.ndarray) -> str:
-        return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
-
-    matrices = [i for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2
-                and i.dims[0] * i.dims[1] >= 256]
-    by_value = {(tuple(i.dims), digest(numpy_helper.to_array(i))): i.name for i in matrices}
+    matrices = {i.name: numpy_helper.to_array(i) for i in graph.initializer
+                if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2 and i.dims[0] * i.dims[1] >= 256}
+    by_value = {(value.shape, _digest(value)): name for name, value in matrices.items()}
     found = {}
-    for init in matrices:
-        value = numpy_helper.to_array(init)
-        source = by_value.get((tuple(init.dims[::-1]), digest(value.T)))
-        if source is not None and source != init.name and source not in found:
-            found[init.name] = source
+    for name, value in matrices.items():
+        source = by_value.get((value.shape[::-1], _digest(value.T)))
+        if source is not None and source != name and source not in found:
+            found[name] = source
     if not found:
         return {"tied": 0, "bytes_saved": 0}
     saved = 0
