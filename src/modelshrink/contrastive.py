@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,93 +21,10 @@ from modelshrink import __version__
 from modelshrink.ackd import ACKDObjective, cls_features, feature_layer_pairs
 from modelshrink.artifacts import parent_ref, read_manifest, replay_command
 from modelshrink.errors import UserError
-from modelshrink.train import TrainOptions, keep_best, open_run, start_run, train
+from modelshrink.train import keep_best, open_run, start_run, train
+from modelshrink.options.contrastive import ContrastiveOptions
 
-METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman")
 
-
-@dataclass(kw_only=True)
-class ContrastiveOptions(TrainOptions):
-    """Every option of `modelshrink contrastive`; names match the command line. Defaults of the
-    loss weights sit inside the paper's search ranges (section 4.2)."""
-
-    data: str
-    teacher: str | None = None
-    student: str | None = None
-    layers: int | None = None
-    layer_selection: str = "spaced"
-    layer_ids: list[int] | None = None
-    feature_map: str = "skip"
-    alpha: float = 0.5
-    beta: float = 20.0
-    gamma: float = 5e-3
-    temperature: float = 5.0
-    kd: bool = True
-    pt: bool = True
-    acdl: bool = True
-    sar: bool = True
-    storage: bool = True
-    storage_size: int = 1000
-    predictor_layers: int = 2
-    label_bins: int | None = None
-    validation: str | None = None
-    eval_limit: int | None = None
-    split: str | None = None
-    validation_split: str | None = None
-    text_column: str | None = None
-    text_pair_column: str | None = None
-    label_column: str | None = None
-    limit: int | None = None
-    max_length: int = 128
-    batch_size: int = 32
-    warmup_ratio: float = 0.1
-    metric: str = "accuracy"
-    trust_remote_code: bool = False
-
-    def __post_init__(self) -> None:
-        if self.teacher is None and self.student is None:
-            raise UserError("give --teacher T with --layers K (or --student S), or --student S alone to fine-tune it")
-        copying = self.layers is not None or self.layer_ids is not None
-        if copying and self.teacher is None:
-            raise UserError("--layers/--layer-ids copy layers of --teacher; give --teacher")
-        if copying and self.student is not None:
-            raise UserError("give either --student or --layers/--layer-ids, not both")
-        if self.layers is not None and self.layer_ids is not None:
-            raise UserError("--layers and --layer-ids exclude each other")
-        if self.teacher is not None and not copying and self.student is None:
-            raise UserError("give the student: --layers K (copied from the teacher) or --student S")
-        if self.layer_selection not in ("spaced", "first"):
-            raise UserError(f"--layer-selection must be spaced or first, got {self.layer_selection}")
-        if not 0 <= self.alpha <= 1:
-            raise UserError(f"--alpha must be in [0, 1], got {self.alpha}")
-        for name in ("beta", "gamma"):
-            if getattr(self, name) < 0:
-                raise UserError(f"--{name} must be >= 0, got {getattr(self, name)}")
-        if not self.temperature > 0:
-            raise UserError(f"--temperature must be > 0, got {self.temperature}")
-        for name in ("storage_size", "predictor_layers", "limit", "eval_limit", "max_length"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-        if self.label_bins is not None and self.label_bins < 2:
-            raise UserError(f"--label-bins must be >= 2, got {self.label_bins}")
-        if self.metric not in METRICS:
-            raise UserError(f"--metric must be one of {', '.join(METRICS)}, got {self.metric}")
-        TrainOptions.__post_init__(self)
-
-    @property
-    def finetune(self) -> bool:
-        """No teacher: cross-entropy only."""
-        return self.teacher is None
-
-    def terms(self) -> list[str]:
-        if self.finetune:
-            return ["ce"]
-        on = {"kd": self.kd and self.alpha < 1, "pt": self.pt, "acdl": self.acdl}  # α = 1 leaves KD no weight
-        return ["ce"] + [name for name, used in on.items() if used]
-
-    def recorded(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # ---------------------------------------------------------------- labels

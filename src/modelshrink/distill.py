@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import shutil
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,96 +22,11 @@ from modelshrink import __version__
 from modelshrink.artifacts import parent_ref, read_manifest, replay_command
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
-from modelshrink.train import TrainOptions, TrainResult, keep_best, open_run, start_run, train
-
-LOGIT_LOSSES = ("kl", "mse")
-METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+from modelshrink.train import TrainResult, keep_best, open_run, start_run, train
+from modelshrink.options.distill import DistillOptions
 
 
-@dataclass(kw_only=True)
-class DistillOptions(TrainOptions):
-    """Every option of `modelshrink distill`; names match the command line (dashes → underscores).
-    The training options (lr, batch_size, max_steps, …) come from TrainOptions."""
 
-    data: str
-    teacher: str | None = None
-    student: str | None = None
-    init_encoder_decoder: str | None = None
-    cross_attention_init: str = "self"
-    encoder_layers: int | None = None
-    decoder_layers: int | None = None
-    layer_selection: str = "spaced"
-    encoder_layer_ids: list[int] | None = None
-    decoder_layer_ids: list[int] | None = None
-    kd_logits: str | None = None
-    kd_logits_weight: float = 1.0
-    temperature: float = 2.0
-    kd_hidden: float = 0.0
-    kd_attention: float = 0.0
-    label_smoothing: float = 0.1
-    validation: str | None = None
-    eval_limit: int | None = 200
-    split: str | None = None
-    validation_split: str | None = None
-    text_column: str | None = None
-    summary_column: str | None = None
-    limit: int | None = None
-    max_source_length: int | None = None
-    max_target_length: int = 128
-    num_beams: int | None = None
-    max_length: int | None = None
-    trust_remote_code: bool = False
-
-    def __post_init__(self) -> None:
-        starts = [name for name in ("teacher", "init_encoder_decoder") if getattr(self, name)]
-        if len(starts) > 1:
-            raise UserError("--teacher and --init-encoder-decoder exclude each other: a warm start has no teacher")
-        if self.teacher is None and self.student is None and self.init_encoder_decoder is None:
-            raise UserError("give a starting point: --teacher T (and --encoder-layers/--decoder-layers or --student), "
-                            "--student S, or --init-encoder-decoder ENCODER")
-        if self.student is not None and self.init_encoder_decoder is not None:
-            raise UserError("--student and --init-encoder-decoder exclude each other")
-        shrinking = [self.encoder_layers, self.decoder_layers, self.encoder_layer_ids, self.decoder_layer_ids]
-        if any(v is not None for v in shrinking):
-            if self.teacher is None:
-                raise UserError("--encoder-layers/--decoder-layers (and the *-layer-ids) copy layers of --teacher; "
-                                "give --teacher")
-            if self.student is not None:
-                raise UserError("give either --student or layer counts to copy from the teacher, not both")
-        if self.encoder_layers is not None and self.encoder_layer_ids is not None:
-            raise UserError("--encoder-layers and --encoder-layer-ids exclude each other")
-        if self.decoder_layers is not None and self.decoder_layer_ids is not None:
-            raise UserError("--decoder-layers and --decoder-layer-ids exclude each other")
-        if self.cross_attention_init not in ("self", "random"):
-            raise UserError(f"--cross-attention-init must be self or random, got {self.cross_attention_init}")
-        if self.layer_selection not in ("spaced", "first"):
-            raise UserError(f"--layer-selection must be spaced or first, got {self.layer_selection}")
-        if self.kd_logits is not None and self.kd_logits not in LOGIT_LOSSES:
-            raise UserError(f"--kd-logits must be kl or mse, got {self.kd_logits}")
-        if self.word_level and self.teacher is None:
-            raise UserError("word-level losses (--kd-logits, --kd-hidden, --kd-attention) need --teacher")
-        for name in ("kd_logits_weight", "kd_hidden", "kd_attention"):
-            if getattr(self, name) < 0:
-                raise UserError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if not self.temperature > 0:
-            raise UserError(f"--temperature must be > 0, got {self.temperature}")
-        if not 0 <= self.label_smoothing < 1:
-            raise UserError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
-        if self.metric not in METRICS:
-            raise UserError(f"--metric must be one of {', '.join(METRICS)}, got {self.metric}")
-        for name in ("limit", "eval_limit", "max_source_length", "max_target_length", "num_beams", "max_length"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-        if self.max_steps != 0:  # --max-steps 0 trains nothing, so it needs no budget
-            TrainOptions.__post_init__(self)
-
-    @property
-    def word_level(self) -> bool:
-        return self.kd_logits is not None or self.kd_hidden > 0 or self.kd_attention > 0
-
-    def recorded(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # ---------------------------------------------------------------- models

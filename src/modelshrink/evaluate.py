@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,6 +21,7 @@ from modelshrink.artifacts import ArtifactWriter, check_output, parent_ref, read
 from modelshrink.data import DataSource, examples, open_data, pick_columns, unique_keys
 from modelshrink.errors import UserError
 from modelshrink.metrics import glue, rouge, stats, style
+from modelshrink.options.eval import EvalOptions
 
 ProgressFn = Callable[[int, int], None]
 LogFn = Callable[[str], None]
@@ -36,65 +36,6 @@ STYLE_SETTINGS = ("words: lowercase [a-z0-9]+ tokens; novel n-grams and copy bia
                   "to each summary's own document; leading bias: each summary sentence matched to the document "
                   "sentence of highest ROUGE-1 + ROUGE-2 F1, leading when that sentence lies in the first 40% of "
                   "the document's sentences")
-
-
-@dataclass
-class EvalOptions:
-    """Every option of `modelshrink eval`; names match the command line (dashes → underscores)."""
-
-    data: str
-    model: str | None = None
-    references: str | None = None
-    split: str | None = None
-    text_column: str | None = None
-    summary_column: str | None = None
-    reference_column: str | None = None
-    prediction_column: str | None = None
-    id_column: str | None = None
-    label_column: str | None = None
-    text_pair_column: str | None = None
-    limit: int | None = None
-    num_beams: int | None = None
-    length_penalty: float | None = None
-    min_length: int | None = None
-    max_length: int | None = None
-    no_repeat_ngram_size: int | None = None
-    max_source_length: int | None = None
-    batch_size: int = 16
-    limited_length_recall: bool = False
-    attention_stats: bool = False
-    attention_plot: str | None = None
-    against: str | None = None
-    significance: str = "permutation"
-    resamples: int = 1000
-    significance_resamples: int = 10000
-    seed: int = 0
-    reference_size: str | None = None
-    latency_docs: int = 16
-    tokenizer: str | None = None
-    device: str = "auto"
-    trust_remote_code: bool = False
-
-    def __post_init__(self) -> None:
-        for name, low in (("batch_size", 1), ("limit", 1), ("latency_docs", 0), ("resamples", 100),
-                          ("significance_resamples", 100), ("num_beams", 1), ("max_length", 1),
-                          ("max_source_length", 1), ("min_length", 0), ("no_repeat_ngram_size", 0)):
-            value = getattr(self, name)
-            if value is not None and value < low:
-                raise UserError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
-        if self.significance not in stats.SIGNIFICANCE_METHODS:
-            raise UserError(f"--significance must be one of {', '.join(stats.SIGNIFICANCE_METHODS)}, "
-                            f"got {self.significance}")
-        if self.model is None:
-            for name in ("attention_stats", "attention_plot", "reference_size"):
-                if getattr(self, name):
-                    raise UserError(f"--{name.replace('_', '-')} needs a model (MODEL DATA), not a predictions file")
-        if self.model is not None and self.references is not None:
-            raise UserError("--references is for scoring a predictions file; with a model the references come "
-                            "from DATA (--summary-column)")
-
-    def recorded(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _check_task_options(task: str, options: EvalOptions, what: str) -> None:

@@ -30,7 +30,7 @@ they measured.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,11 +39,12 @@ import torch
 
 from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
 from modelshrink.errors import UserError
+from modelshrink.options.export import ExportOptions
 from modelshrink.runtime import (CLASSIFIER, DECODER, DECODER_MERGED, DECODER_WITH_PAST, DEQUANTIZED, ENCODER,
                                  SEARCH_OPS)
 
 LogFn = Callable[[str], None]
-MIN_OPSET, MAX_OPSET = 14, 20  # 14: the attention ops of these models; 20: the newest the torch exporter writes
+
 CLASSIFIER_TYPES = ("bert", "roberta", "distilbert", "electra", "xlm-roberta")
 FLOAT_ATOL = 1e-4
 # Dynamic int8 rounds every activation with one scale per tensor, and BERT-like layers have a few channels
@@ -58,39 +59,6 @@ INT8_RTOL = 0.25
 # other side of a rounding boundary, one value moves by a whole step (1/127 of its tensor's range) and
 # carries on downstream; differences of a few percent are that, not a broken graph.
 QUANTIZED_RTOL = 0.05
-
-
-@dataclass
-class ExportOptions:
-    """Every option of `modelshrink export`; names match the command line."""
-
-    model: str
-    opset: int = 17
-    int8: bool = False
-    per_channel: bool | None = None  # with int8: None means per channel
-    validate: bool = True
-    atol: float | None = None
-    data: str | None = None
-    text_column: str | None = None
-    samples: int = 4
-    generation_docs: int = 4
-    max_source_length: int | None = None
-    merge: bool = True
-    trust_remote_code: bool = False
-
-    def __post_init__(self) -> None:
-        if not MIN_OPSET <= self.opset <= MAX_OPSET:
-            raise UserError(f"--opset must be between {MIN_OPSET} and {MAX_OPSET}, got {self.opset}")
-        if self.per_channel and not self.int8:
-            raise UserError("--per-channel applies to --int8")
-        if self.int8 and self.per_channel is None:
-            self.per_channel = True
-        if self.atol is not None and not self.atol > 0:
-            raise UserError(f"--atol must be > 0, got {self.atol}")
-        for name, low in (("samples", 1), ("generation_docs", 0), ("max_source_length", 1)):
-            value = getattr(self, name)
-            if value is not None and value < low:
-                raise UserError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
 
 
 # ---------------------------------------------------------------- what a model is

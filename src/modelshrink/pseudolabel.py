@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,80 +22,9 @@ from modelshrink.errors import UserError
 from modelshrink.generation import generate, plan_batches, resolve_generation
 from modelshrink.models import default_source_length, load_seq2seq, resolve_device
 from modelshrink.plate import attention_temperature, lambdas_by_kind
+from modelshrink.options.pseudolabel import PseudolabelOptions
 
 WORK_FILE = "rows.partial.jsonl"
-
-
-@dataclass
-class PseudolabelOptions:
-    """Every option of `modelshrink pseudolabel`; names match the command line (dashes → underscores)."""
-
-    teacher: str
-    data: str
-    split: str | None = None
-    text_column: str | None = None
-    summary_column: str | None = None
-    id_column: str | None = None
-    limit: int | None = None
-    lam: float | None = None
-    lambda_enc: float | None = None
-    lambda_dec: float | None = None
-    lambda_cross: float | None = None
-    lambda_range: tuple[float, float] | None = None
-    num_beams: int | None = None
-    length_penalty: float | None = None
-    min_length: int | None = None
-    max_length: int | None = None
-    no_repeat_ngram_size: int | None = None
-    max_source_length: int | None = None
-    batch_size: int = 16
-    seed: int = 0
-    output_temperature: float | None = None
-    do_sample: bool = False
-    top_p: float | None = None
-    top_k: int | None = None
-    device: str = "auto"
-    trust_remote_code: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("lam", "lambda_enc", "lambda_dec", "lambda_cross"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                flag = "--lambda" if name == "lam" else "--" + name.replace("_", "-")
-                raise UserError(f"{flag} must be > 0 (λ scales the attention temperature), got {value}")
-        if self.lambda_range is not None:
-            a, b = self.lambda_range
-            if not (a > 0 and b > 0):
-                raise UserError(f"--lambda-range bounds must be > 0, got {a} {b}")
-            if a > b:
-                raise UserError(f"--lambda-range A B needs A <= B, got {a} > {b}")
-            if self.lam is not None:
-                raise UserError("--lambda and --lambda-range exclude each other; give one")
-        positive = {"limit": self.limit, "batch_size": self.batch_size, "num_beams": self.num_beams,
-                    "max_length": self.max_length, "max_source_length": self.max_source_length}
-        for name, value in positive.items():
-            if value is not None and value < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-        for name in ("min_length", "no_repeat_ngram_size", "top_k"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise UserError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
-        if self.output_temperature is not None and not self.output_temperature > 0:
-            raise UserError(f"--output-temperature must be > 0, got {self.output_temperature}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise UserError(f"--top-p must be in (0, 1], got {self.top_p}")
-        if (self.top_p is not None or self.top_k is not None) and not self.do_sample:
-            raise UserError("--top-p / --top-k apply to sampling; add --do-sample")
-        if self.min_length is not None and self.max_length is not None and self.min_length > self.max_length:
-            raise UserError(f"--min-length {self.min_length} is above --max-length {self.max_length}")
-
-    def recorded(self) -> dict[str, Any]:
-        """The options as the manifest records them (keys as on the command line)."""
-        d = asdict(self)
-        d["lambda"] = d.pop("lam")
-        if d["lambda_range"] is not None:
-            d["lambda_range"] = list(d["lambda_range"])
-        return d
 
 
 def row_lambda(seed: int, index: int, low: float, high: float) -> float:

@@ -16,7 +16,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from modelshrink.errors import UserError
+from modelshrink.options.train import TrainOptions
 
 LossFn = Callable[[Any, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 ValidateFn = Callable[[Any], dict[str, float]]
@@ -31,55 +32,6 @@ ValidateFn = Callable[[Any], dict[str, float]]
 
 class TrainingDiverged(UserError):
     """The loss became NaN or inf; the run stopped and kept its last good checkpoint."""
-
-
-@dataclass(kw_only=True)
-class TrainOptions:
-    """Training options shared by every step that trains (distill's options extend these)."""
-
-    lr: float = 5e-5
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    warmup_steps: int | None = None
-    warmup_ratio: float = 0.0
-    max_grad_norm: float = 1.0
-    grad_accum: int = 1
-    batch_size: int = 16
-    max_tokens: int | None = None
-    max_steps: int | None = None
-    epochs: float | None = None
-    seed: int = 0
-    log_every: int = 10
-    eval_every: int | None = None
-    save_every: int | None = None
-    metric: str = "rouge2"
-    early_stopping: int | None = None
-    device: str = "auto"
-
-    def __post_init__(self) -> None:
-        checks = {"lr": self.lr > 0, "eps": self.eps > 0, "weight_decay": self.weight_decay >= 0,
-                  "warmup_ratio": 0 <= self.warmup_ratio < 1, "max_grad_norm": self.max_grad_norm >= 0,
-                  "grad_accum": self.grad_accum >= 1, "batch_size": self.batch_size >= 1,
-                  "log_every": self.log_every >= 1, "beta1": 0 <= self.beta1 < 1, "beta2": 0 <= self.beta2 < 1}
-        for name, ok in checks.items():
-            if not ok:
-                raise UserError(f"--{name.replace('_', '-')} is out of range: {getattr(self, name)}")
-        for name in ("warmup_steps", "max_tokens", "max_steps", "eval_every", "save_every", "early_stopping"):
-            value = getattr(self, name)
-            if value is not None and value < (0 if name in ("warmup_steps", "max_steps") else 1):
-                raise UserError(f"--{name.replace('_', '-')} must be >= {0 if name in ('warmup_steps', 'max_steps') else 1}"
-                                f", got {value}")
-        if self.epochs is not None and not self.epochs > 0:
-            raise UserError(f"--epochs must be > 0, got {self.epochs}")
-        if self.max_steps is None and self.epochs is None:
-            raise UserError("give a budget: --max-steps N or --epochs N")
-
-    def train_options(self) -> "TrainOptions":
-        """The TrainOptions part of a step's options (which extend these)."""
-        names = {f.name for f in fields(TrainOptions)}
-        return TrainOptions(**{f.name: getattr(self, f.name) for f in fields(self) if f.name in names})
 
 
 @dataclass

@@ -1,0 +1,76 @@
+"""Options of `modelshrink eval` (one system; `--compare` takes its own few options)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from modelshrink.errors import UserError
+from modelshrink.metrics.stats import SIGNIFICANCE_METHODS
+from modelshrink.options import REQUIRED, Options, opt, options_class
+from modelshrink.options.distill import GEN
+from modelshrink.options.train import SPLITS
+
+SCORE = "Scoring"
+COLS = "Columns"
+
+
+@options_class
+class EvalOptions(Options):
+    """Every option of `modelshrink eval MODEL DATA` or `modelshrink eval PREDICTIONS`."""
+
+    STEP: ClassVar[str] = "eval"
+
+    model: str | None = opt(None, "A model (or export folder) that generates or predicts.", argument=True)
+    data: str = opt(REQUIRED, "The data to evaluate on, or a file or artifact that already holds predictions.",
+                    argument=True)
+    against: str | None = opt(None, "Paired significance test against OTHER on the same documents: an eval artifact "
+                                    "or a predictions file.", panel=SCORE)
+    significance: str = opt("permutation", "permutation (approximate randomization) or bootstrap (paired).",
+                            panel=SCORE, choices=SIGNIFICANCE_METHODS)
+    limited_length_recall: bool = opt(False, "Also ROUGE recall with predictions cut to the reference's length (NYT "
+                                             "protocol, PLATE Table 2).", panel=SCORE)
+    attention_stats: bool = opt(False, "Evident cross-attention weights (> 0.15) by document position, 5 bins "
+                                       "(PLATE Fig. 2).", panel=SCORE)
+    attention_plot: str | None = opt(None, "Write a PNG heatmap of the cross attention for this document (PLATE "
+                                           "Fig. 1).", panel=SCORE, metavar="DOC_ID")
+    resamples: int = opt(1000, "Bootstrap resamples for the 95% intervals.", panel=SCORE, min=100)
+    significance_resamples: int = opt(10000, "Resamples of the significance test.", panel=SCORE, min=100)
+    seed: int = opt(0, "Seed of the bootstrap and the significance test.", panel=SCORE)
+    reference_size: str | None = opt(None, "Model folder whose bytes on disk the compression ratio is taken "
+                                           "against.", panel=SCORE, metavar="TEACHER")
+    latency_docs: int = opt(16, "Documents timed one at a time (batch 1) after 2 warm-up; 0 skips.", panel=SCORE,
+                            min=0)
+    tokenizer: str | None = opt(None, "Tokenizer for token lengths of a predictions file.", panel=SCORE)
+    num_beams: int | None = opt(None, "Beam size.", panel=GEN, min=1)
+    length_penalty: float | None = opt(None, "Beam length penalty.", panel=GEN)
+    min_length: int | None = opt(None, "Minimum summary length in tokens.", panel=GEN, min=0)
+    max_length: int | None = opt(None, "Maximum summary length in tokens.", panel=GEN, min=1)
+    no_repeat_ngram_size: int | None = opt(None, "Block repeated n-grams of this size.", panel=GEN, min=0)
+    max_source_length: int | None = opt(None, "Truncate documents to this many tokens. [default: the smaller of the "
+                                              "tokenizer's model_max_length and the model's positions]", panel=GEN,
+                                        min=1)
+    batch_size: int = opt(16, "Batch size (throughput is measured at it).", panel=GEN, min=1)
+    split: str | None = opt(None, f"Split of {SPLITS}.", panel=COLS)
+    text_column: str | None = opt(None, "Document / sentence column. [default: auto]", panel=COLS)
+    summary_column: str | None = opt(None, "MODEL DATA: the gold summary column. [default: auto]", panel=COLS)
+    prediction_column: str | None = opt(None, "PREDICTIONS: the system output. [default: prediction, or summary when "
+                                              "a reference column exists]", panel=COLS)
+    reference_column: str | None = opt(None, "PREDICTIONS: the gold summary. [default: reference, summary, "
+                                             "highlights or target]", panel=COLS)
+    references: str | None = opt(None, "PREDICTIONS: take gold summaries from this dataset, matched by id.",
+                                 panel=COLS)
+    label_column: str | None = opt(None, "Classifiers: the label column. [default: label]", panel=COLS)
+    text_pair_column: str | None = opt(None, "Classifiers: second sentence of a pair.", panel=COLS)
+    id_column: str | None = opt(None, "Row id column. [default: id, else the row number]", panel=COLS)
+    limit: int | None = opt(None, "Use only the first N rows.", panel=COLS, min=1)
+    device: str = opt("auto", "cpu, cuda, cuda:N, or auto.")
+    trust_remote_code: bool = opt(False, "Allow the model's own code from the hub.")
+
+    def check(self) -> None:
+        if self.model is None:
+            for name in ("attention_stats", "attention_plot", "reference_size"):
+                if getattr(self, name):
+                    raise UserError(f"--{name.replace('_', '-')} needs a model (MODEL DATA), not a predictions file")
+        if self.model is not None and self.references is not None:
+            raise UserError("--references is for scoring a predictions file; with a model the references come "
+                            "from DATA (--summary-column)")

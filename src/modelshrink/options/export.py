@@ -1,0 +1,45 @@
+"""Options of `modelshrink export`."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from modelshrink.errors import UserError
+from modelshrink.options import REQUIRED, Options, opt, options_class
+
+CHECK = "Validation against PyTorch"
+MIN_OPSET, MAX_OPSET = 14, 20  # 14: the attention ops of these models; 20: the newest the torch exporter writes
+
+
+@options_class
+class ExportOptions(Options):
+    """Every option of `modelshrink export`."""
+
+    STEP: ClassVar[str] = "export"
+
+    model: str = opt(REQUIRED, "A model artifact: seq2seq (also from quantize) or a sequence classifier.",
+                     argument=True)
+    opset: int = opt(17, "ONNX opset, 14-20.", min=MIN_OPSET, max=MAX_OPSET)
+    int8: bool = opt(False, "onnxruntime dynamic int8 quantization of the graphs.", flags=("--int8",))
+    per_channel: bool | None = opt(None, "With --int8: one weight scale per output channel (--no-per-channel: one per "
+                                         "tensor). [default: per channel]")
+    merge: bool = opt(True, "Seq2seq: one decoder_model_merged.onnx (an If between first step and steps with past, "
+                            "weights stored once) instead of decoder_model.onnx + decoder_with_past_model.onnx.")
+    validate: bool = opt(True, "Check outputs and generated tokens against PyTorch.", panel=CHECK)
+    atol: float | None = opt(None, "Largest allowed absolute difference of any output (padded source positions are not "
+                                   "compared). [default: 1e-4; with --int8, an RMS difference of a quarter of each "
+                                   "output's RMS]", panel=CHECK, above=0)
+    data: str | None = opt(None, "Documents to validate on. [default: made from the tokenizer's vocabulary]",
+                           panel=CHECK)
+    text_column: str | None = opt(None, "Document column of --data. [default: auto]", panel=CHECK)
+    samples: int = opt(4, "Documents whose outputs are compared.", panel=CHECK, min=1)
+    generation_docs: int = opt(4, "Documents summarized (greedy and beam) or classified by both; 0 skips.", panel=CHECK, min=0)
+    max_source_length: int | None = opt(None, "Truncate validation documents. [default: the smaller of the "
+                                              "tokenizer's limit and the model's positions]", panel=CHECK, min=1)
+    trust_remote_code: bool = opt(False, "Allow the model's own code from the hub.")
+
+    def check(self) -> None:
+        if self.per_channel and not self.int8:
+            raise UserError("--per-channel applies to --int8")
+        if self.int8 and self.per_channel is None:
+            self.per_channel = True

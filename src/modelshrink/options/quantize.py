@@ -1,0 +1,71 @@
+"""Options of `modelshrink quantize`."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from modelshrink.errors import UserError
+from modelshrink.options import REQUIRED, opt, options_class
+from modelshrink.options.distill import GEN
+from modelshrink.options.train import DATA, OPT, SPLITS, VAL, TrainOptions
+
+TRAIN = "Training (--method distill)"
+METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum", "accuracy", "f1", "mcc", "pearson", "spearman")
+
+
+@options_class
+class QuantizeOptions(TrainOptions):
+    """Every option of `modelshrink quantize`. The training options (TrainOptions and the losses)
+    apply to `--method distill`."""
+
+    STEP: ClassVar[str] = "quantize"
+
+    model: str = opt(REQUIRED, "A trained full-precision model: seq2seq, or a BERT-style classifier.", argument=True)
+    bits: str = opt("8-8-8", "W-E-A: bits of linear weights, word embeddings, activations. 2 = ternary (TWN), "
+                             "3-8 = symmetric linear.")
+    method: str = opt("distill", "distill (distillation-aware training, DQ-BART 2.3) or direct.",
+                      choices=("distill", "direct"))
+    granularity: str = opt("tensor", "Scale of linear weights: per tensor or per output row. Embeddings: always "
+                                     "per row.", choices=("tensor", "row"))
+    allow_low_activation_bits: bool = opt(False, "Permit activations below 8 bits.")
+    data: str | None = opt(None, "Training data for --method distill: pairs (seq2seq) or labelled sentences "
+                                 "(classifiers).", panel=TRAIN)
+    teacher: str | None = opt(None, "Full-precision teacher. [default: MODEL itself]", panel=TRAIN)
+    encoder_layers: int | None = opt(None, "Also shrink: encoder layers copied from the teacher.", panel=TRAIN, min=1)
+    decoder_layers: int | None = opt(None, "Also shrink: decoder layers copied from the teacher.", panel=TRAIN, min=1)
+    kd_logits_weight: float = opt(1.0, "Weight of the logits MSE.", panel=TRAIN, min=0)
+    kd_hidden: float = opt(1.0, "Weight of the hidden-state MSE.", panel=TRAIN, min=0)
+    kd_attention: float = opt(1.0, "Weight of the attention MSE.", panel=TRAIN, min=0)
+    label_smoothing: float = opt(0.0, "Label smoothing of the task loss.", panel=TRAIN, min=0, below=1)
+    batch_size: int = opt(16, "Examples per batch and process.", panel=OPT, min=1)
+    validation: str | None = opt(None, "Validation data (ROUGE for seq2seq, accuracy/F1/MCC for classifiers).",
+                                 panel=VAL)
+    eval_limit: int | None = opt(200, "Validation rows used.", panel=VAL, min=1)
+    metric: str | None = opt(None, "Keep the checkpoint best by this. [default: rouge2 for seq2seq, accuracy for "
+                                   "classifiers, pearson for regression]", panel=VAL, choices=METRICS + (None,))
+    num_beams: int | None = opt(None, "Beam size of validation summaries.", panel=GEN, min=1)
+    max_length: int | None = opt(None, "Maximum validation summary length in tokens.", panel=GEN, min=1)
+    max_source_length: int | None = opt(None, "Truncate documents / sentences to this many tokens.", panel=DATA,
+                                        min=1)
+    max_target_length: int = opt(128, "Truncate summaries to this many tokens for training.", panel=DATA, min=1)
+    split: str | None = opt(None, f"Split of --data ({SPLITS}).", panel=DATA)
+    validation_split: str | None = opt(None, "Split of --validation.", panel=DATA)
+    text_column: str | None = opt(None, "Document / sentence column. [default: auto]", panel=DATA)
+    summary_column: str | None = opt(None, "Seq2seq: the summary column. [default: auto]", panel=DATA)
+    text_pair_column: str | None = opt(None, "Classifiers: second sentence of a pair.", panel=DATA)
+    label_column: str | None = opt(None, "Classifiers: the label column. [default: label]", panel=DATA)
+    limit: int | None = opt(None, "First N training rows.", panel=DATA, min=1)
+    trust_remote_code: bool = opt(False, "Allow models' own code from the hub.")
+
+    def check(self) -> None:
+        from modelshrink.quant.modules import parse_bits
+
+        self.spec: Any = parse_bits(self.bits, self.allow_low_activation_bits, self.granularity)
+        if self.method == "direct":
+            if self.data or self.teacher or self.encoder_layers or self.decoder_layers:
+                raise UserError("--method direct quantizes the model as it is: --data, --teacher and layer counts go "
+                                "with --method distill")
+            return
+        if self.data is None:
+            raise UserError("--method distill trains: give --data (and a budget, --max-steps or --epochs)")
+        super().check()

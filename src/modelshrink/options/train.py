@@ -1,0 +1,48 @@
+"""Options of the shared training loop, for every step that trains (distill, quantize, contrastive)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from modelshrink.errors import UserError
+from modelshrink.options import Options, opt, options_class
+
+DATA = "Data"
+SPLITS = "a folder of split files, a datasets folder or a hub dataset"
+OPT = "Optimization"
+VAL = "Validation"
+
+
+@options_class
+class TrainOptions(Options):
+    """Training options shared by every step that trains (the steps' options extend these)."""
+
+    lr: float = opt(5e-5, "Peak learning rate (AdamW).", panel=OPT, above=0)
+    beta1: float = opt(0.9, "AdamW β1.", panel=OPT, min=0, below=1)
+    beta2: float = opt(0.999, "AdamW β2.", panel=OPT, min=0, below=1)
+    eps: float = opt(1e-8, "AdamW ε.", panel=OPT, above=0)
+    weight_decay: float = opt(0.01, "AdamW weight decay (not on biases and norms).", panel=OPT, min=0)
+    warmup_steps: int | None = opt(None, "Linear warmup steps. [default: from --warmup-ratio]", panel=OPT, min=0)
+    warmup_ratio: float = opt(0.0, "Warmup as a share of all steps.", panel=OPT, min=0, below=1)
+    max_grad_norm: float = opt(1.0, "Gradient clipping (0 = off).", panel=OPT, min=0)
+    grad_accum: int = opt(1, "Gradient accumulation steps.", panel=OPT, min=1)
+    batch_size: int = opt(16, "Examples per batch and process.", panel=OPT, min=1)
+    max_tokens: int | None = opt(None, "Batch by a padded-token budget instead of a count.", panel=OPT, min=1)
+    max_steps: int | None = opt(None, "Optimizer steps; 0 writes the initialized model untrained.", panel=OPT, min=0)
+    epochs: float | None = opt(None, "Epochs (when --max-steps is not given).", panel=OPT, above=0)
+    seed: int = opt(0, "Seed of data order, dropout and new weights.", panel=OPT)
+    log_every: int = opt(10, "Write train_log.jsonl every N steps.", panel=OPT, min=1)
+    save_every: int | None = opt(None, "Checkpoint every N steps (for --resume).", panel=OPT, min=1)
+    eval_every: int | None = opt(None, "Validate every N steps (and at the end).", panel=VAL, min=1)
+    metric: str = opt("rouge2", "Keep the checkpoint best by this.", panel=VAL)
+    early_stopping: int | None = opt(None, "Stop after N validations without improvement.", panel=VAL, min=1)
+    device: str = opt("auto", "cpu, cuda, or auto (under accelerate launch, its choice).")
+
+    def check(self) -> None:
+        if self.max_steps is None and self.epochs is None:
+            raise UserError("give a budget: --max-steps N or --epochs N")
+
+    def train_options(self) -> "TrainOptions":
+        """The TrainOptions part of a step's options (which extend these)."""
+        names = {f.name for f in fields(TrainOptions)}
+        return TrainOptions(**{f.name: getattr(self, f.name) for f in fields(self) if f.name in names})
