@@ -45,11 +45,12 @@ def main() -> None:
     args = parser.parse_args()
 
     from modelshrink.data import open_data
-    from modelshrink.export import ExportOptions, export_model
+    from modelshrink.export import export_model
     from modelshrink.generation import decode, generate_ids, resolve_generation
     from modelshrink.metrics import rouge
     from modelshrink.metrics.stats import paired_test
     from modelshrink.models import load_seq2seq
+    from modelshrink.options.export import ExportOptions
     from modelshrink.quickstart import sample_path
     from modelshrink.runtime import load
 

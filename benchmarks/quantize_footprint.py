@@ -53,12 +53,12 @@ def main() -> None:
         runs[f"{bits} 6-6 direct"] = quantize(QuantizeOptions(model=args.model, bits=bits, method="direct",
                                                               device="cpu"), work / f"direct-{bits}")
         runs[f"{bits} 6-6 distill"] = quantize(QuantizeOptions(model=args.model, bits=bits, data=args.data,
-                                                               device="cpu", training=dict(max_steps=args.steps,
-                                                                                           lr=1e-4, **lengths)),
+                                                               device="cpu", max_steps=args.steps, lr=1e-4,
+                                                               **lengths),
                                                work / f"distill-{bits}")
     runs["2-2-8 6-3 (size only, untrained)"] = quantize(
         QuantizeOptions(model=args.model, bits="2-2-8", data=args.data, device="cpu",
-                        training=dict(max_steps=0, decoder_layers=3, **lengths)), work / "shrunk-2-2-8")
+                        max_steps=0, decoder_layers=3, **lengths), work / "shrunk-2-2-8")
     size_rows = [("32-32-32 6-6 (float32 model)", 4 * float_params, 4 * float_params, float_params)]
     for name, path in runs.items():
         if "distill" in name:

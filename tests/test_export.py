@@ -149,7 +149,7 @@ def test_padded_source_positions_are_not_compared():
     import numpy as np
     import torch
 
-    from modelshrink.export_check import _compare
+    from modelshrink.onnx.validate import _compare
 
     mask = np.array([[1, 1, 1], [1, 1, 0]])
     hidden = torch.ones(2, 3, 4)
@@ -246,7 +246,7 @@ def test_embedding_tables_are_int8_with_one_scale_per_row(tmp_path):
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from modelshrink.export import quantize_embeddings
+    from modelshrink.onnx.compress import quantize_embeddings
 
     rng = np.random.default_rng(0)
     table = rng.standard_normal((50, 8)).astype(np.float32) * 0.02

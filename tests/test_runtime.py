@@ -99,6 +99,33 @@ def test_eval_scores_an_export_folder_like_its_model(exported, docs_jsonl, tmp_p
     assert predictions(tmp_path / "e-onnx") == predictions(tmp_path / "e-torch")
 
 
+
+@pytest.mark.parametrize("damage, named", [("truncated encoder", "encoder_model.onnx"),
+                                           ("missing encoder", "encoder_model.onnx"),
+                                           ("truncated decoder", "decoder_model_merged.onnx"),
+                                           ("truncated tokenizer", "tokenizer.json"),
+                                           ("missing config", "config.json")])
+def test_eval_and_run_on_a_damaged_export_folder_fail_with_one_line(exported, docs_jsonl, tmp_path, damage, named):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(exported["bart"][1], broken)
+    what, name = damage.split()
+    file = broken / {"encoder": "encoder_model.onnx", "decoder": "decoder_model_merged.onnx",
+                     "tokenizer": "tokenizer.json", "config": "config.json"}[name]
+    if what == "truncated":
+        file.write_bytes(file.read_bytes()[:file.stat().st_size // 3])
+    else:
+        file.unlink()
+    for args in (["eval", str(broken), str(docs_jsonl), "-o", str(tmp_path / "e")],
+                 ["run", str(broken), "--input", str(docs_jsonl)]):
+        result = runner.invoke(app, args)
+        errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+        assert result.exit_code == 1 and len(errors) == 1 and named in errors[0], (args[0], result.output)
+        assert isinstance(result.exception, SystemExit), result.exception  # an exit code, not an uncaught error
+    assert not (tmp_path / "e").exists()
+
+
 def test_runtime_classifies_like_pytorch(classifier_path, tmp_path):
     from modelshrink.classify import predict
     from modelshrink.models import load_classifier
@@ -166,7 +193,7 @@ def test_search_ops_candidates_equal_the_whole_row_ranking_with_ties_and_bans(ex
 def test_topk_keeps_torch_order_with_ties():
     import torch
 
-    from modelshrink.runtime import _topk
+    from modelshrink.runtime.search import topk as _topk
 
     rng = np.random.default_rng(0)
     x = rng.integers(-5, 5, size=(6, 3000)).astype(np.float32)  # many ties: lower index first, as torch.topk
@@ -180,7 +207,8 @@ def test_topk_keeps_torch_order_with_ties():
 
 
 def test_no_repeat_ngram_bans_what_the_loop_bans():
-    from modelshrink.runtime import Search, _process
+    from modelshrink.runtime import Search
+    from modelshrink.runtime.processors import process as _process
 
     rng = np.random.default_rng(1)
     sequences = rng.integers(0, 4, size=(8, 12))  # a 4-token vocabulary repeats n-grams often

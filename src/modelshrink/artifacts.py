@@ -211,25 +211,3 @@ class ArtifactWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None and not self.committed and not self.keep_on_failure:
             shutil.rmtree(self.staging, ignore_errors=True)
-
-
-def replay_command(step: str, options: Any, output: str | os.PathLike, positional: tuple[str, ...] = ("data",),
-                   always: tuple[str, ...] = ("teacher", "student")) -> str:
-    """The command line that repeats a run: `options` is the step's options dataclass; options left
-    at their defaults are omitted, except those named in `always`."""
-    import dataclasses
-
-    defaults = {f.name: f.default for f in dataclasses.fields(options)}
-    values = dataclasses.asdict(options)
-    parts = [f"modelshrink {step}", *(str(values[name]) for name in positional), "-o", str(output)]
-    for key, value in values.items():
-        if key in positional or value is None or value == defaults.get(key) and key not in always:
-            continue
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            parts.append(flag if value else "--no-" + key.replace("_", "-"))
-        elif isinstance(value, list):
-            parts.extend([flag, ",".join(map(str, value))])
-        else:
-            parts.extend([flag, str(value)])
-    return " ".join(parts)

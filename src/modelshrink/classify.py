@@ -14,8 +14,7 @@ import torch
 
 from modelshrink.data import open_data
 from modelshrink.errors import UserError
-
-TEXT_COLUMNS = ("sentence", "text", "sentence1", "question", "document")
+from modelshrink.runtime.columns import detect_text_column
 
 
 def read_labeled(spec: str, *, split: str | None = None, text_column: str | None = None,
@@ -27,7 +26,7 @@ def read_labeled(spec: str, *, split: str | None = None, text_column: str | None
     columns = source.columns
     if not columns:
         raise UserError(f"data {spec} has no rows")
-    text_column = text_column or next((c for c in TEXT_COLUMNS if c in columns), None)
+    text_column = text_column or detect_text_column(columns)
     label_column = label_column or "label"
     if text_column is None:
         raise UserError(f"{spec} has no text column; columns found: {', '.join(columns)}; name one with --text-column")

@@ -11,10 +11,11 @@ from modelshrink import __version__
 from modelshrink.commands.contrastive import EPILOG as CONTRASTIVE_EPILOG, contrastive_command
 from modelshrink.commands.distill import EPILOG as DISTILL_EPILOG, distill_command
 from modelshrink.commands.eval import EPILOG as EVAL_EPILOG, eval_command
-from modelshrink.commands.export import EPILOG as EXPORT_EPILOG, RUN_EPILOG, export_command, run_command
+from modelshrink.commands.export import EPILOG as EXPORT_EPILOG, export_command
 from modelshrink.commands.pseudolabel import EPILOG as PSEUDOLABEL_EPILOG, pseudolabel
 from modelshrink.commands.quantize import EPILOG as QUANTIZE_EPILOG, quantize_command
 from modelshrink.commands.quickstart import quickstart
+from modelshrink.commands.run import RUN_EPILOG, RUN_SETTINGS, run_command
 
 app = typer.Typer(
     name="modelshrink",
@@ -39,33 +40,17 @@ def _version(value: bool) -> None:
 
 def _load_config(path: Path, group) -> dict:
     """A TOML recipe as Click's default_map: one table per command, keyed by option names as on the
-    command line (`lambda`, `num-beams` or `num_beams`). The command line wins over the recipe."""
-    import tomllib
-
+    command line or in a manifest (`lambda`, `num-beams` or `num_beams`). The command line wins."""
     from modelshrink.commands._common import fail
+    from modelshrink.commands._generate import read_recipe, recipe_defaults
 
-    try:
-        table = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise fail(f"cannot read config {path}: {e}") from None
     default_map = {}
-    for command_name, section in table.items():
+    for command_name, section in read_recipe(path).items():
         command = group.commands.get(command_name)
         if command is None or not isinstance(section, dict):
             raise fail(f"config {path}: [{command_name}] is not a modelshrink command; "
                        f"expected one of {', '.join(sorted(group.commands))}")
-        names = {}
-        for param in command.params:
-            names[param.name] = param.name
-            for opt in getattr(param, "opts", []):
-                names[opt.lstrip("-").replace("-", "_")] = param.name
-        values = {}
-        for key, value in section.items():
-            name = names.get(key.replace("-", "_"))
-            if name is None:
-                raise fail(f"config {path}: [{command_name}] has no option '{key}'")
-            values[name] = value
-        default_map[command_name] = values
+        default_map[command_name] = recipe_defaults(command, command_name, section, str(path))
     return default_map
 
 
@@ -99,7 +84,7 @@ app.command("quantize", epilog=QUANTIZE_EPILOG, no_args_is_help=True)(quantize_c
 app.command("contrastive", epilog=CONTRASTIVE_EPILOG, no_args_is_help=True)(contrastive_command)
 app.command("eval", epilog=EVAL_EPILOG, no_args_is_help=True)(eval_command)
 app.command("export", epilog=EXPORT_EPILOG, no_args_is_help=True)(export_command)
-app.command("run", epilog=RUN_EPILOG, no_args_is_help=True)(run_command)
+app.command("run", epilog=RUN_EPILOG, **RUN_SETTINGS)(run_command)
 app.command("quickstart")(quickstart)
 
 

@@ -7,13 +7,11 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
 from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
-from modelshrink.data import unique_keys
 from modelshrink.errors import UserError
-from modelshrink.metrics import stats
 from modelshrink.metrics.rouge import ROUGE_KEYS
+from modelshrink.predictions import eval_rows
+from modelshrink.scoring import paired_keys, paired_tests
 
 QUALITY = {"summarization": list(ROUGE_KEYS), "classification": ["accuracy", "f1", "mcc"],
            "regression": ["pearson", "spearman"]}
@@ -28,9 +26,7 @@ def _have_matplotlib() -> bool:
 
 def _load_eval(path: Path) -> dict[str, Any]:
     metrics = json.loads((path / "metrics.json").read_text())
-    rows = [json.loads(line) for line in (path / "predictions.jsonl").read_text().splitlines()]
-    keyed = dict(zip(unique_keys([r["id"] for r in rows]), rows))
-    return {"name": path.name, "path": str(path), "metrics": metrics, "rows": keyed}
+    return {"name": path.name, "path": str(path), "metrics": metrics, "rows": eval_rows(path)}
 
 
 def compare(entries: list[str], output: str | Path, *, evaluate_model: Callable[[str, Path], Path] | None = None,
@@ -69,8 +65,8 @@ def compare(entries: list[str], output: str | Path, *, evaluate_model: Callable[
                 raise UserError(f"--compare: {s['path']} and {first['path']} were not evaluated on the same "
                                 "documents (ids differ)")
         keys = QUALITY[task]
-        per_doc_keys = list(ROUGE_KEYS) if task == "summarization" else list(next(iter(first["rows"].values()))
-                                                                              ["scores"])
+        per_doc_keys = paired_keys(task, next(iter(first["rows"].values())))
+        first_rows = [first["rows"][i] for i in ids]
         table = []
         for s in systems:
             m = s["metrics"]
@@ -80,10 +76,8 @@ def compare(entries: list[str], output: str | Path, *, evaluate_model: Callable[
                    "bytes_on_disk": eff.get("bytes_on_disk"), "latency_ms_p50": eff.get("latency_ms_p50"),
                    "p_vs_first": {}}
             if s is not first:
-                for key in per_doc_keys:
-                    a = np.array([s["rows"][i]["scores"][key] for i in ids])
-                    b = np.array([first["rows"][i]["scores"][key] for i in ids])
-                    row["p_vs_first"][key] = round(stats.paired_test(a, b, significance, resamples, seed), 6)
+                row["p_vs_first"] = paired_tests([s["rows"][i] for i in ids], first_rows, per_doc_keys,
+                                                 significance, resamples, seed)["p"]
             table.append(row)
         result = {"task": task, "significance": {"method": significance, "resamples": resamples, "seed": seed,
                                                  "against": first["name"]}, "systems": table}

@@ -9,8 +9,6 @@ which is how a user with only an encoder makes the teacher. Both go through the 
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,13 +17,12 @@ import torch
 
 from modelshrink import __version__
 from modelshrink.ackd import ACKDObjective, cls_features, feature_layer_pairs
-from modelshrink.artifacts import parent_ref, read_manifest, replay_command
 from modelshrink.errors import UserError
-from modelshrink.train import keep_best, open_run, start_run, train
+from modelshrink.families import encoder_layer_count
 from modelshrink.options.contrastive import ContrastiveOptions
-
-
-
+from modelshrink.runs import (finished, keep_best, open_run, parent_refs, reproduce_section, save_best_with,
+                              start_run, training_metrics, write_validation)
+from modelshrink.train import train
 
 # ---------------------------------------------------------------- labels
 
@@ -96,7 +93,7 @@ def build_models(options: ContrastiveOptions, log: Callable[[str], None]) -> dic
                                 f"{student.config.num_labels}")
         tokenizer = student_tok
     else:
-        n = teacher.config.num_hidden_layers
+        n = encoder_layer_count(teacher.config)
         if options.layer_ids is not None:
             layer_ids = list(options.layer_ids)
         elif options.layer_selection == "first":
@@ -147,8 +144,7 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     from modelshrink.models import resolve_device, save_model, task_of
 
     output = Path(output)
-    if resume and not overwrite and read_manifest(output) is not None:
-        log(f"{output} is already complete; nothing to resume")
+    if finished(output, overwrite=overwrite, resume=resume, log=log):
         return output
     accelerator, writer = start_run(output, resolve_device(options.device), overwrite=overwrite, resume=resume)
     main = accelerator.is_main_process
@@ -182,7 +178,7 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
             raise UserError(f"the patient and contrastive losses compare hidden states, but the student's size "
                             f"{student.config.hidden_size} differs from the teacher's {teacher.config.hidden_size}; "
                             "pass --no-pt --no-acdl, or pick a student of the same width")
-        pairs = feature_layer_pairs(teacher.config.num_hidden_layers, student.config.num_hidden_layers,
+        pairs = feature_layer_pairs(encoder_layer_count(teacher.config), encoder_layer_count(student.config),
                                     options.feature_map, built["layer_ids"])
         if not pairs:
             raise UserError(f"--feature-map {options.feature_map} leaves the student's last layer to KD, and this "
@@ -197,9 +193,8 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     if teacher is not None:
         teacher.to(accelerator.device).eval()
 
-    parents = [parent_ref("data", options.data)] + [
-        parent_ref(role, spec) for role, spec in (("teacher", options.teacher), ("student", options.student),
-                                                  ("validation", options.validation)) if spec]
+    parents = parent_refs(("data", options.data), ("teacher", options.teacher), ("student", options.student),
+                          ("validation", options.validation))
     staging = open_run(accelerator, writer, options.recorded(), parents)
 
     examples = classify.tokenize_labeled(rows, tokenizer, options.max_length)
@@ -211,33 +206,29 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     if not objective.needs_teacher:
         teacher = None  # e.g. the cross-entropy-only baseline: no teacher forward passes
 
-    def save_best(model: Any, folder: Path) -> None:
-        shutil.rmtree(folder, ignore_errors=True)
-        save_model(model.student, tokenizer, folder)
+    def save(objective: Any, folder: Path) -> None:
+        save_model(objective.student, tokenizer, folder)
 
     result = train(objective, examples, classify.make_collate(tokenizer.pad_token_id), make_loss(teacher, pairs),
                    options.train_options(), staging, accelerator=accelerator,
-                   validate=(lambda model: check(model.student)) if check else None, save_best=save_best,
+                   validate=(lambda model: check(model.student)) if check else None, save_best=save_best_with(save),
                    resume=resume, progress=progress, log=log)
     objective = accelerator.unwrap_model(objective)
     if not main:
         return output
-    keep_best(staging, result, lambda folder: save_model(objective.student, tokenizer, folder))
+    keep_best(staging, result, lambda folder: save(objective, folder))
 
-    metrics: dict[str, Any] = {"parameters": parameter_count(objective.student), "steps": result.steps,
-                               "epochs": result.epochs, "train_seconds": result.seconds,
-                               "tokens_per_second": result.tokens_per_second, "final_loss": result.final_loss,
+    metrics: dict[str, Any] = {"parameters": parameter_count(objective.student), **training_metrics(result),
                                "loss_terms": options.terms()}
     if built["teacher"] is not None:
         metrics["teacher_parameters"] = parameter_count(built["teacher"])
         metrics["parameter_ratio"] = round(metrics["teacher_parameters"] / metrics["parameters"], 4)
     if teacher_validation is not None:
         metrics["teacher_validation"] = teacher_validation
-    if result.validation is not None:
-        metrics["validation"] = {"step": result.best["step"], **result.validation}
-        (staging / "validation.json").write_text(json.dumps(
-            {"metric": options.metric, **metrics["validation"]}, indent=2) + "\n")
-    (staging / "README.md").write_text(model_card(options, output, built, metrics, resolved))
+    write_validation(staging, result, options.metric)
+    card = model_card(options, output, built, metrics, resolved)
+    (staging / "README.md").write_text(card + "\n".join(reproduce_section(options, output, parents,
+                                                                       always=("teacher", "student"))) + "\n")
     resolved.update(device=str(accelerator.device), processes=accelerator.num_processes)
     return writer.commit(step="contrastive", kind="model", options=options.recorded(), parents=parents,
                          metrics=metrics, resolved=resolved)
@@ -276,5 +267,4 @@ def model_card(options: ContrastiveOptions, output: Path, built: dict[str, Any],
         if "teacher_validation" in metrics:
             t = metrics["teacher_validation"]
             lines.append("Teacher: " + ", ".join(f"{k} {t[k]:.2f}" for k in t))
-    lines += ["", "## Reproduce", "", "```bash", replay_command("contrastive", options, output), "```"]
     return "\n".join(lines) + "\n"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import gzip
 import io
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,11 +16,11 @@ from typing import Any, Iterator
 
 from modelshrink.artifacts import read_manifest
 from modelshrink.errors import UserError
+# Which column is the text, the summary, the id: one rule, shared with the torch-free runtime.
+from modelshrink.runtime.columns import ID_COLUMNS, pick_columns
+from modelshrink.runtime.jsonl import read_jsonl
 
-# (text, summary) column pairs recognised without --text-column / --summary-column, in order.
-COLUMN_PAIRS = [("document", "summary"), ("article", "highlights"), ("dialogue", "summary"), ("text", "summary")]
-TEXT_COLUMNS = ["document", "article", "dialogue", "text", "sentence", "source"]
-ID_COLUMNS = ["id", "guid", "idx"]
+__all__ = ["DataSource", "Example", "examples", "open_data", "pick_columns", "unique_keys"]
 
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".ndjson")
 _CSV_SUFFIXES = (".csv", ".tsv", ".csv.gz", ".tsv.gz")
@@ -69,23 +68,7 @@ class DataSource:
                 yield from batch.to_pylist()
 
     def _jsonl_rows(self) -> Iterator[dict[str, Any]]:
-        try:
-            with _open_text(self.path) as f:
-                for line_number, line in enumerate(f, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise UserError(f"{self.path}: line {line_number} is not valid JSON ({e.msg})") from None
-                    if not isinstance(row, dict):
-                        raise UserError(f"{self.path}: line {line_number} is a JSON {type(row).__name__}, "
-                                        "expected an object with named columns")
-                    yield row
-        except UnicodeDecodeError as e:
-            raise UserError(f"{self.path} is not UTF-8 text ({e.reason})") from None
-        except (OSError, EOFError) as e:
-            raise UserError(f"cannot read {self.path}: {e}") from None
+        yield from read_jsonl(self.path)
 
     def _csv_rows(self) -> Iterator[dict[str, Any]]:
         delimiter = "\t" if ".tsv" in self.path.name else ","
@@ -183,31 +166,6 @@ def _open_hub_dataset(name: str, split: str | None) -> DataSource:
     if isinstance(loaded, datasets.DatasetDict):
         loaded = _pick_split(loaded, split, name)
     return DataSource(name, "hub", None, split, _hf=loaded)
-
-
-def pick_columns(columns: list[str], text_column: str | None = None, summary_column: str | None = None,
-                 need_summary: bool = False, source: str = "data") -> tuple[str, str | None]:
-    """Choose the text and summary columns, explicitly or by the usual pairs."""
-    found = ", ".join(columns) if columns else "none"
-    if text_column is not None and text_column not in columns:
-        raise UserError(f"{source} has no column '{text_column}'; columns found: {found}")
-    if summary_column is not None and summary_column not in columns:
-        raise UserError(f"{source} has no column '{summary_column}'; columns found: {found}")
-    if text_column is None:
-        for text, summary in COLUMN_PAIRS:
-            if text in columns and (summary_column is not None or summary in columns):
-                text_column = text
-                summary_column = summary_column or summary
-                break
-        else:
-            text_column = next((c for c in TEXT_COLUMNS if c in columns), None)
-        if text_column is None:
-            raise UserError(f"{source} has no text column; columns found: {found}; name one with --text-column")
-    if summary_column is None:
-        summary_column = next((s for t, s in COLUMN_PAIRS if t == text_column and s in columns), None)
-    if need_summary and summary_column is None:
-        raise UserError(f"{source} has no summary column; columns found: {found}; name one with --summary-column")
-    return text_column, summary_column
 
 
 @dataclass

@@ -10,8 +10,6 @@ the teacher layer it was copied from (the map φ).
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,25 +17,25 @@ import numpy as np
 import torch
 
 from modelshrink import __version__
-from modelshrink.artifacts import parent_ref, read_manifest, replay_command
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
-from modelshrink.train import TrainResult, keep_best, open_run, start_run, train
+from modelshrink.families import attention_heads, hidden_size
 from modelshrink.options.distill import DistillOptions
-
-
-
+from modelshrink.runs import (finished, keep_best, open_run, parent_refs, reproduce_section, save_best_with,
+                              start_run, training_metrics, write_validation)
+from modelshrink.train import TrainResult, train
 
 
 # ---------------------------------------------------------------- models
 
-def _dims(config: Any) -> tuple[int, int]:
-    """(hidden size, attention heads) of a seq2seq config."""
-    inner = getattr(config, "encoder", None) or config
-    hidden = getattr(inner, "d_model", None) or getattr(inner, "hidden_size")
-    heads = (getattr(inner, "encoder_attention_heads", None) or getattr(inner, "num_heads", None)
-             or getattr(inner, "num_attention_heads"))
-    return int(hidden), int(heads)
+def check_widths(teacher: Any, student: Any, options: DistillOptions) -> None:
+    """Hidden-state and attention losses compare tensors: the student must have the teacher's width and heads."""
+    if teacher is None or not options.word_level or not (options.kd_hidden > 0 or options.kd_attention > 0):
+        return
+    dims = [(hidden_size(m.config), attention_heads(m.config)) for m in (student, teacher)]
+    if dims[0] != dims[1]:
+        raise UserError(f"--kd-hidden/--kd-attention need the student's hidden size and heads to match the "
+                        f"teacher's: {dims[0]} vs {dims[1]}")
 
 
 def _same_tokenizer(a: Any, b: Any) -> str | None:
@@ -207,114 +205,101 @@ def make_validate(rows: list[Any], tokenizer: Any, options: DistillOptions, max_
     return validate
 
 
-# ---------------------------------------------------------------- the step
+# ---------------------------------------------------------------- shared with quantize
 
-def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,
-            progress: Callable[[dict[str, Any]], None] | None = None, log: Callable[[str], None] = lambda m: None,
-            step: str = "distill", prepare_student: Callable[[Any], Any] | None = None,
-            save_student: Callable[[Any, Any, Path], Any] | None = None,
-            describe: Callable[[Path, Any, dict[str, Any]], dict[str, Any]] | None = None,
-            recorded: dict[str, Any] | None = None) -> Path:
-    """Build the student, train it, and write a model artifact; returns its path.
-
-    Other steps reuse this run: `prepare_student(model)` changes the student before training (e.g.
-    quantization surgery), `save_student(model, tokenizer, folder)` writes it in its own format,
-    `describe(folder, model, metrics)` adds metrics once it is written, and `step` / `recorded`
-    name the step and the options its manifest records."""
-    from modelshrink.models import default_source_length, resolve_device, save_model
-
-    output = Path(output)
-    if resume and not overwrite and read_manifest(output) is not None:
-        log(f"{output} is already complete; nothing to resume")
-        return output
-    device = resolve_device(options.device)
-    accelerator, writer = start_run(output, device, overwrite=overwrite, resume=resume)
-    main = accelerator.is_main_process
+def read_pairs_for(options: DistillOptions) -> tuple[list[Any], list[Any] | None]:
+    """Training rows and validation rows (None without --validation)."""
     train_rows = _read_pairs(options.data, options.split, options, options.limit)
     validation_rows = (_read_pairs(options.validation, options.validation_split, options, options.eval_limit)
                        if options.validation else None)
-    built = build_student(options, device, log)
-    teacher, student, tokenizer, maps = built["teacher"], built["student"], built["tokenizer"], built["maps"]
-    if prepare_student is not None:
-        prepare_student(student)
-    save = save_student or save_model
+    return train_rows, validation_rows
+
+
+def train_seq2seq(options: DistillOptions, built: dict[str, Any], rows: list[Any], validation_rows: list[Any] | None,
+                  max_source_length: int, staging: Path, accelerator: Any, save: Callable[[Any, Path], None], *,
+                  resume: bool, progress: Any, log: Callable[[str], None]) -> tuple[Any, TrainResult]:
+    """Train `built["student"]` on the pairs with distill's losses; returns the trained student and the result."""
+    teacher, student, tokenizer = built["teacher"], built["student"], built["tokenizer"]
+    attention_kernel = student.config._attn_implementation
+    if options.kd_attention > 0:  # fused attention kernels do not return attention weights
+        if attention_kernel in ("sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"):
+            student.set_attn_implementation("eager")
+        teacher.set_attn_implementation("eager")
     if teacher is not None and options.word_level:
-        if (options.kd_hidden > 0 or options.kd_attention > 0) and _dims(teacher.config) != _dims(student.config):
-            raise UserError(f"--kd-hidden/--kd-attention need the student's hidden size and heads to match the "
-                            f"teacher's: {_dims(student.config)} vs {_dims(teacher.config)}")
+        teacher.to(accelerator.device).eval()
+    else:
+        teacher = None  # sequence-level distillation needs no teacher at training time
+    tokenized = tokenize_pairs(rows, tokenizer, max_source_length, options.max_target_length)
+    validate = (make_validate(validation_rows, tokenizer, options, max_source_length, accelerator.device)
+                if validation_rows else None)
+    result = train(student, tokenized, make_collate(tokenizer.pad_token_id), make_loss(options, teacher, built["maps"]),
+                   options.train_options(), staging, accelerator=accelerator, validate=validate,
+                   save_best=save_best_with(save), resume=resume, progress=progress, log=log)
+    student = accelerator.unwrap_model(student)
+    student.set_attn_implementation(attention_kernel)
+    return student, result
+
+
+# ---------------------------------------------------------------- the step
+
+def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,
+            progress: Callable[[dict[str, Any]], None] | None = None,
+            log: Callable[[str], None] = lambda m: None) -> Path:
+    """Build the student, train it, and write a model artifact; returns its path."""
+    from modelshrink.models import default_source_length, resolve_device, save_model
+
+    output = Path(output)
+    if finished(output, overwrite=overwrite, resume=resume, log=log):
+        return output
+    device = resolve_device(options.device)
+    accelerator, writer = start_run(output, device, overwrite=overwrite, resume=resume)
+    rows, validation_rows = read_pairs_for(options)
+    built = build_student(options, device, log)
+    student, tokenizer = built["student"], built["tokenizer"]
+    check_widths(built["teacher"], student, options)
     max_source_length = options.max_source_length or default_source_length(tokenizer, student.config)
-    parents = [parent_ref("data", options.data)] + [
-        parent_ref(role, spec) for role, spec in (("teacher", options.teacher), ("student", options.student),
-                                                  ("validation", options.validation)) if spec]
+    parents = parent_refs(("data", options.data), ("teacher", options.teacher), ("student", options.student),
+                          ("validation", options.validation))
     staging = open_run(accelerator, writer, options.recorded(), parents)
+
+    def save(model: Any, folder: Path) -> None:
+        save_model(model, tokenizer, folder)
 
     result: TrainResult | None = None
     if options.max_steps != 0:
-        attention_kernel = student.config._attn_implementation
-        if options.kd_attention > 0:  # fused attention kernels do not return attention weights
-            if attention_kernel in ("sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"):
-                student.set_attn_implementation("eager")
-            teacher.set_attn_implementation("eager")
-        if teacher is not None and options.word_level:
-            teacher.to(accelerator.device).eval()
-        else:
-            teacher = None  # sequence-level distillation needs no teacher at training time
-        tokenized = tokenize_pairs(train_rows, tokenizer, max_source_length, options.max_target_length)
-        validate = (make_validate(validation_rows, tokenizer, options, max_source_length, accelerator.device)
-                    if validation_rows else None)
-
-        def save_best(model: Any, folder: Path) -> None:
-            shutil.rmtree(folder, ignore_errors=True)
-            save(model, tokenizer, folder)
-
-        result = train(student, tokenized, make_collate(tokenizer.pad_token_id), make_loss(options, teacher, maps),
-                       options.train_options(), staging, accelerator=accelerator, validate=validate,
-                       save_best=save_best, resume=resume, progress=progress, log=log)
-        student = accelerator.unwrap_model(student)
-        student.set_attn_implementation(attention_kernel)
-    if not main:
+        student, result = train_seq2seq(options, built, rows, validation_rows, max_source_length, staging,
+                                        accelerator, save, resume=resume, progress=progress, log=log)
+    if not accelerator.is_main_process:
         return output
 
-    keep_best(staging, result, lambda folder: save(student, tokenizer, folder))
-    metrics = _metrics(student, teacher_params=_params(built["teacher"]), result=result)
-    if describe is not None:
-        metrics.update(describe(staging, student, metrics))
-    if result is not None and result.validation is not None:
-        (staging / "validation.json").write_text(json.dumps(
-            {"step": result.best["step"], "metric": options.metric, **result.validation}, indent=2) + "\n")
-    (staging / "README.md").write_text(model_card(options, output, built["origin"], metrics, parents, step))
-    resolved = {"layer_map": maps, "max_source_length": max_source_length, "device": str(accelerator.device),
+    keep_best(staging, result, lambda folder: save(student, folder))
+    metrics = student_metrics(student, built["teacher"], result)
+    write_validation(staging, result, options.metric)
+    card = model_card(options, output, built["origin"], metrics, "distill")
+    (staging / "README.md").write_text(card + "\n".join(reproduce_section(options, output, parents,
+                                                                       always=("teacher", "student"))) + "\n")
+    resolved = {"layer_map": built["maps"], "max_source_length": max_source_length, "device": str(accelerator.device),
                 "processes": accelerator.num_processes}
-    return writer.commit(step=step, kind="model", options=recorded or options.recorded(), parents=parents,
+    return writer.commit(step="distill", kind="model", options=options.recorded(), parents=parents,
                          metrics=metrics, resolved=resolved)
 
 
-def _params(model: Any) -> int | None:
-    if model is None:
-        return None
-    from modelshrink.efficiency import parameter_count
-
-    return parameter_count(model)
-
-
-def _metrics(student: Any, teacher_params: int | None, result: TrainResult | None) -> dict[str, Any]:
+def student_metrics(student: Any, teacher: Any | None, result: TrainResult | None) -> dict[str, Any]:
     from modelshrink.efficiency import parameter_count
 
     metrics: dict[str, Any] = {"parameters": parameter_count(student)}
-    if teacher_params:
-        metrics["teacher_parameters"] = teacher_params
-        metrics["parameter_ratio"] = round(teacher_params / metrics["parameters"], 4)
+    if teacher is not None:
+        metrics["teacher_parameters"] = parameter_count(teacher)
+        metrics["parameter_ratio"] = round(metrics["teacher_parameters"] / metrics["parameters"], 4)
     if result is not None:
-        metrics.update({"steps": result.steps, "epochs": result.epochs, "train_tokens": result.train_tokens,
-                        "train_seconds": result.seconds, "tokens_per_second": result.tokens_per_second,
-                        "final_loss": result.final_loss})
-        if result.best is not None:
-            metrics["validation"] = {"step": result.best["step"], **result.validation}
+        metrics.update(training_metrics(result))
     return metrics
 
 
 def model_card(options: DistillOptions, output: Path, origin: dict[str, Any], metrics: dict[str, Any],
-               parents: list[dict[str, Any]], step: str = "distill") -> str:
+               step: str) -> str:
+    """The card's description of the student and its training; the caller adds what is its own
+    (the Reproduce and Lineage sections)."""
     lines = [f"# {output.name}", "",
              f"Made by modelshrink {__version__} (`{step}`) on "
              f"{_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d')}. "
@@ -357,8 +342,4 @@ def model_card(options: DistillOptions, output: Path, origin: dict[str, Any], me
                   f"best step {v['step']} by {options.metric}:", "", "| ROUGE-1 | ROUGE-2 | ROUGE-L | ROUGE-Lsum |",
                   "|---|---|---|---|", f"| {v['rouge1']:.2f} | {v['rouge2']:.2f} | {v['rougeL']:.2f} | "
                   f"{v['rougeLsum']:.2f} |"]
-    lines += ["", "## Reproduce", "", "```bash", replay_command("distill", options, output), "```", "", "## Lineage", ""]
-    for p in parents:
-        pin = p.get("manifest_sha256") or p.get("sha256")
-        lines.append(f"- {p['role']}: `{p.get('path') or p.get('hub')}`" + (f" (sha256 {pin[:12]}…)" if pin else ""))
     return "\n".join(lines) + "\n"

@@ -1,13 +1,14 @@
 """Exceptions that the command line turns into exit codes.
 
-A `UserError` is a mistake in what the user asked for (a bad path, a wrong column, a bad number):
-the command prints it as one line `Error: ...` and exits 1, having written nothing. Anything else
-is a bug and keeps its traceback.
+A `UserError` is a mistake in what the user asked for (a bad path, a wrong column, a bad number, a damaged
+export folder): the command prints it as one line `Error: ...` and exits 1, having written nothing. It is
+the torch-free runtime's own error type, so that there is one class whether the runtime or a step raises it.
+Anything else is a bug and keeps its traceback.
 """
 
+from modelshrink.runtime.errors import UserError
 
-class UserError(Exception):
-    """A problem with the user's input; printed as one line, exit code 1."""
+__all__ = ["CheckFailed", "UserError"]
 
 
 class CheckFailed(Exception):

@@ -8,10 +8,12 @@ a table of attribute paths, not a class hierarchy: adding a family is adding one
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from modelshrink.errors import UserError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 ATTENTION_KINDS = ("encoder_self", "decoder_self", "decoder_cross")
 
@@ -96,7 +98,7 @@ def supported_families() -> str:
 def family_of(config) -> Family:
     """The adapter for a model config, or a UserError naming the supported families."""
     model_type = getattr(config, "model_type", None)
-    if model_type == "encoder-decoder":
+    if model_type == ENCODER_DECODER_TYPE:
         halves = (config.encoder.model_type, config.decoder.model_type)
         if any(h not in ENCODER_DECODER_HALVES for h in halves):
             raise UserError(f"EncoderDecoderModel with {halves[0]}/{halves[1]} halves is not supported; "
@@ -109,3 +111,77 @@ def family_of(config) -> Family:
         if model_type in family.model_types:
             return family
     raise UserError(f"model type '{model_type}' is not supported; supported: {supported_families()}")
+
+
+# ---- config facts shared by training and export
+# Sequence classifiers the quantization surgery and the export understand (BERT-like encoders).
+CLASSIFIER_TYPES = ("bert", "roberta", "distilbert", "electra", "xlm-roberta")
+# Classifiers whose graph takes token_type_ids even where the tokenizer leaves them out.
+TOKEN_TYPE_CLASSIFIERS = ("bert",)
+
+
+def decoder_layer_count(config: Any) -> int:
+    """Decoder depth of a seq2seq config (an EncoderDecoder config keeps it in its decoder)."""
+    for holder in (config, getattr(config, "decoder", None)):
+        for name in ("decoder_layers", "num_decoder_layers", "num_hidden_layers"):
+            value = getattr(holder, name, None) if holder is not None else None
+            if value:
+                return int(value)
+    raise UserError(f"cannot tell the decoder depth of a {config.model_type} model")
+
+
+def _encoder_config(config: Any) -> Any:
+    return getattr(config, "encoder", None) or config
+
+
+def hidden_size(config: Any) -> int:
+    """Model width of a seq2seq config (an EncoderDecoder config keeps it in its encoder)."""
+    inner = _encoder_config(config)
+    return int(getattr(inner, "d_model", None) or getattr(inner, "hidden_size"))
+
+
+def attention_heads(config: Any) -> int:
+    """Attention heads of a seq2seq config's encoder."""
+    inner = _encoder_config(config)
+    return int(getattr(inner, "encoder_attention_heads", None) or getattr(inner, "num_heads", None)
+               or getattr(inner, "num_attention_heads"))
+
+
+def encoder_layer_count(config: Any) -> int:
+    """Depth of an encoder-only model (a classifier); DistilBERT's config maps it to n_layers."""
+    return int(config.num_hidden_layers)
+
+
+# ---- encoder-only models and the quantization surgery
+# Where encoder-only models keep their transformer layers, from the base model (BERT, RoBERTa,
+# ELECTRA, MiniLM: encoder.layer; DistilBERT: transformer.layer).
+ENCODER_ONLY_LAYERS = ("encoder.layer", "transformer.layer", "encoder.layers", "layers")
+# Each family's query projection name → its key and value projections (the surgery quantizes the
+# outputs of all three, as DQ-BART does).
+KEY_VALUE = {"q_proj": ("k_proj", "v_proj"), "q": ("k", "v"), "query": ("key", "value")}
+# Model type of an EncoderDecoderModel config (its halves keep their own configs).
+ENCODER_DECODER_TYPE = "encoder-decoder"
+
+
+def is_attention_projection(name: str) -> bool:
+    """Whether a linear layer's own name is a query, key or value projection of some family."""
+    leaf = name.rsplit(".", 1)[-1]
+    return leaf in KEY_VALUE or any(leaf in kv for kv in KEY_VALUE.values())
+
+
+def encoder_layer_list(model: "nn.Module") -> "nn.ModuleList":
+    """The transformer layers of an encoder-only model, found as the ModuleList whose length is the
+    configured depth."""
+    from torch import nn
+
+    depth = encoder_layer_count(model.config)
+    base = getattr(model, "base_model", model)
+    for path in ENCODER_ONLY_LAYERS:
+        try:
+            found = base.get_submodule(path)
+        except AttributeError:
+            continue
+        if isinstance(found, nn.ModuleList) and len(found) == depth:
+            return found
+    raise UserError(f"cannot find the {depth} transformer layers of this {model.config.model_type} model; "
+                    "copying layers supports BERT-style encoders (BERT, RoBERTa, ELECTRA, DistilBERT)")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from modelshrink.errors import UserError
-from modelshrink.families import Family, family_of
+from modelshrink.families import ENCODER_DECODER_TYPE, Family, family_of
 
 
 def _first_line(e: Exception) -> str:
@@ -85,7 +85,7 @@ def load_seq2seq(spec: str, what: str = "teacher", trust_remote_code: bool = Fal
 
         model = load_quantized(spec)
         return model.to(device).eval(), load_tokenizer(spec, what, trust_remote_code), family
-    loader = EncoderDecoderModel if config.model_type == "encoder-decoder" else AutoModelForSeq2SeqLM
+    loader = EncoderDecoderModel if config.model_type == ENCODER_DECODER_TYPE else AutoModelForSeq2SeqLM
     model = from_pretrained(loader.from_pretrained, spec, what, trust_remote_code=trust_remote_code)
     tokenizer = load_tokenizer(spec, what, trust_remote_code)
     model.to(device).eval()

@@ -16,10 +16,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from modelshrink.artifacts import RUN_FILE, ArtifactWriter, parent_ref, pin_run, read_manifest
+from modelshrink.artifacts import RUN_FILE, ArtifactWriter, parent_ref, pin_run
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
 from modelshrink.generation import generate, plan_batches, resolve_generation
+from modelshrink.runs import finished
 from modelshrink.models import default_source_length, load_seq2seq, resolve_device
 from modelshrink.plate import attention_temperature, lambdas_by_kind
 from modelshrink.options.pseudolabel import PseudolabelOptions
@@ -61,8 +62,7 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     """Run the teacher over the data and write a dataset artifact; returns its path."""
     log = log or (lambda message: None)
     output = Path(output)
-    if resume and read_manifest(output) is not None and (output / "data.jsonl").is_file() and not overwrite:
-        log(f"{output} is already complete; nothing to resume")
+    if (output / "data.jsonl").is_file() and finished(output, overwrite=overwrite, resume=resume, log=log):
         return output
 
     # Everything that can be wrong with the input is checked before anything is written.

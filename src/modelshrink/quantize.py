@@ -5,51 +5,33 @@
 `--teacher`) teaches a student that keeps full-precision latent weights, runs its forward pass
 quantized and learns through straight-through gradients, with task cross-entropy plus MSE on
 logits, attention and hidden states (unweighted by default). `--encoder-layers` / `--decoder-layers`
-shrink at the same time (the "Distillation-Aware Quantization + Distillation" rows). Training is
-`distill`'s loop, reused.
+shrink at the same time (the "Distillation-Aware Quantization + Distillation" rows). Training uses
+`distill`'s data, losses and validation, and the shared loop.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Callable
 
 from modelshrink.artifacts import ArtifactWriter, parent_ref
 from modelshrink.errors import UserError
-from modelshrink.quant.modules import check_quantizable, parse_bits, quantize_model
+from modelshrink.options.distill import DistillOptions
+from modelshrink.options.quantize import QuantizeOptions
 from modelshrink.quant.model import save_quantized
+from modelshrink.quant.modules import check_quantizable, quantize_model
+from modelshrink.runs import (finished, keep_best, open_run, parent_refs, reproduce_section, save_best_with,
+                              start_run, training_metrics, write_validation)
+from modelshrink.train import train
 
+__all__ = ["QuantizeOptions", "quantize", "storage_metrics"]
 
-@dataclass
-class QuantizeOptions:
-    model: str
-    bits: str = "8-8-8"
-    method: str = "distill"
-    granularity: str = "tensor"
-    allow_low_activation_bits: bool = False
-    teacher: str | None = None
-    data: str | None = None
-    # distill's options for --method distill (names as on distill's command line)
-    training: dict[str, Any] = field(default_factory=dict)
-    device: str = "auto"
-    trust_remote_code: bool = False
-
-    def __post_init__(self) -> None:
-        self.spec = parse_bits(self.bits, self.allow_low_activation_bits, self.granularity)
-        if self.method not in ("direct", "distill"):
-            raise UserError(f"--method must be direct or distill, got {self.method}")
-        if self.method == "distill" and self.data is None:
-            raise UserError("--method distill trains: give --data (and a budget, --max-steps or --epochs)")
-        if self.method == "direct" and (self.data or self.teacher or self.training.get("encoder_layers")
-                                        or self.training.get("decoder_layers")):
-            raise UserError("--method direct quantizes the model as it is: --data, --teacher and layer counts go "
-                            "with --method distill")
-
-    def recorded(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(d.pop("training"))
-        return d
+ROUGE = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+CLASSIFIER_METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman")
+# Options that only a seq2seq model reads, and only a classifier reads.
+SEQ2SEQ_ONLY = ("encoder_layers", "decoder_layers", "summary_column", "num_beams", "max_length", "max_target_length")
+CLASSIFIER_ONLY = ("text_pair_column", "label_column")
 
 
 def storage_metrics(folder: Path, model: Any, teacher_params: int) -> dict[str, Any]:
@@ -63,15 +45,22 @@ def storage_metrics(folder: Path, model: Any, teacher_params: int) -> dict[str, 
             "compression_ratio": round(4 * teacher_params / stored, 3) if stored else None}
 
 
-def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,
-             progress: Callable[[dict[str, Any]], None] | None = None,
-             log: Callable[[str], None] = lambda m: None) -> Path:
-    from modelshrink.efficiency import parameter_count
-    from modelshrink.models import load_classifier, load_config, load_seq2seq, resolve_device
+def _card_head(output: str | Path, options: QuantizeOptions, metrics: dict[str, Any]) -> list[str]:
+    return [
+        f"# {Path(output).name}", "",
+        f"`{options.model}` quantized by modelshrink (`quantize --method {options.method} --bits {options.bits}`). "
+        "The weights "
+        "are stored as integers; load it with modelshrink (`eval`, `export`, or `modelshrink.quant.model."
+        "load_quantized`): plain `transformers.from_pretrained` finds no weights file it knows and fails.", "",
+        f"Parameters: {metrics['parameters']:,}. Bytes on disk: {metrics['bytes_on_disk']:,} "
+        f"({metrics['compression_ratio']}× smaller than the float32 model).", ""]
 
+
+def _check_model(options: QuantizeOptions) -> str:
+    """'seq2seq' or 'classifier'; refuses a model that is quantized already and would teach itself."""
+    from modelshrink.models import load_config
     from modelshrink.quant.model import is_quantized
 
-    spec = options.spec
     config = load_config(options.model, "model", options.trust_remote_code)
     kind = check_quantizable(config)
     if is_quantized(config):
@@ -80,83 +69,145 @@ def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = 
         if options.teacher is None or is_quantized(load_config(options.teacher, "teacher")):
             raise UserError(f"{options.model} is already quantized, so it cannot teach itself; give a "
                             "full-precision --teacher")
+    return kind
+
+
+def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,
+             progress: Callable[[dict[str, Any]], None] | None = None,
+             log: Callable[[str], None] = lambda m: None) -> Path:
+    """Quantize `options.model` (directly, or by distillation-aware training) into an artifact; returns its path."""
+    kind = _check_model(options)
     if options.method == "direct":
-        writer = ArtifactWriter(output, overwrite=overwrite)
-        writer.check()
-        device = resolve_device(options.device)
-        if kind == "seq2seq":
-            model, tokenizer, _ = load_seq2seq(options.model, "model", options.trust_remote_code, device)
-        else:
-            model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, device)
-        float_params = parameter_count(model)
-        counts = quantize_model(model, spec)
-        log(f"quantized {counts['linear']} linear layers, {counts['embedding']} embedding modules, "
-            f"{counts['lm_head']} LM head ({spec.label}, {spec.granularity})")
-        with writer:
-            save_quantized(model, tokenizer, writer.staging, spec)
-            metrics = {**storage_metrics(writer.staging, model, float_params), "modules": counts}
-            (writer.staging / "README.md").write_text(_card(output, options, metrics))
-            return writer.commit(step="quantize", kind="model", options=options.recorded(),
-                                 parents=[parent_ref("model", options.model)], metrics=metrics,
-                                 resolved={"bits": asdict(spec), "kind": kind})
-    classifier_keys = ("text_column", "text_pair_column", "label_column")
-    if kind != "seq2seq":
-        return _quantize_classifier(options, output, overwrite=overwrite, resume=resume, progress=progress, log=log)
-    if any(options.training.get(k) for k in ("text_pair_column", "label_column")):
+        return quantize_direct(options, output, kind, overwrite=overwrite, log=log)
+    if kind == "seq2seq":
+        return quantize_seq2seq(options, output, overwrite=overwrite, resume=resume, progress=progress, log=log)
+    return quantize_classifier(options, output, overwrite=overwrite, resume=resume, progress=progress, log=log)
+
+
+def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, *, overwrite: bool,
+                    log: Callable[[str], None]) -> Path:
+    """The model as it is, quantized (no training)."""
+    from modelshrink.efficiency import parameter_count
+    from modelshrink.models import load_classifier, load_seq2seq, resolve_device
+
+    spec = options.spec
+    writer = ArtifactWriter(output, overwrite=overwrite)
+    writer.check()
+    device = resolve_device(options.device)
+    if kind == "seq2seq":
+        model, tokenizer, _ = load_seq2seq(options.model, "model", options.trust_remote_code, device)
+    else:
+        model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, device)
+    float_params = parameter_count(model)
+    counts = quantize_model(model, spec)
+    log(f"quantized {counts['linear']} linear layers, {counts['embedding']} embedding modules, "
+        f"{counts['lm_head']} LM head ({spec.label}, {spec.granularity})")
+    parents = [parent_ref("model", options.model)]
+    with writer:
+        save_quantized(model, tokenizer, writer.staging, spec)
+        metrics = {**storage_metrics(writer.staging, model, float_params), "modules": counts}
+        card = _card_head(output, options, metrics) + reproduce_section(options, output, parents)
+        (writer.staging / "README.md").write_text("\n".join(card) + "\n")
+        return writer.commit(step="quantize", kind="model", options=options.recorded(), parents=parents,
+                             metrics=metrics, resolved={"bits": asdict(spec), "kind": kind})
+
+
+# ---------------------------------------------------------------- seq2seq: DQ-BART 2.3
+
+def distillation_settings(options: QuantizeOptions) -> DistillOptions:
+    """The student, losses and validation this quantization trains with, as distill's functions read
+    them: the model (or its copied layers, when shrinking) learns from the full-precision teacher with
+    MSE on logits, hidden states and attention."""
+    if any(getattr(options, k) for k in CLASSIFIER_ONLY):
         raise UserError("--text-pair-column / --label-column are for classifiers; this is a seq2seq model")
-    from modelshrink.distill import DistillOptions, distill
-
-    teacher = options.teacher or options.model
-    shrinking = options.training.get("encoder_layers") or options.training.get("decoder_layers")
-    defaults = dict(kd_logits="mse", kd_logits_weight=1.0, kd_hidden=1.0, kd_attention=1.0, label_smoothing=0.0)
-    distill_options = DistillOptions(data=options.data, teacher=teacher,
-                                     student=None if shrinking else options.model, device=options.device,
-                                     trust_remote_code=options.trust_remote_code,
-                                     **{**defaults, **{k: v for k, v in options.training.items()
-                                                       if k not in classifier_keys[1:]}})
-    teacher_params = parameter_count(load_seq2seq(teacher, "teacher", options.trust_remote_code)[0])
-    counts: dict[str, int] = {}
-
-    def prepare(model: Any) -> None:
-        counts.update(quantize_model(model, spec))
-
-    def describe(folder: Path, model: Any, metrics: dict[str, Any]) -> dict[str, Any]:
-        return {**storage_metrics(folder, model, teacher_params), "modules": counts}
-
-    return distill(distill_options, output, overwrite=overwrite, resume=resume, progress=progress, log=log,
-                   step="quantize", prepare_student=prepare,
-                   save_student=lambda model, tokenizer, folder: save_quantized(model, tokenizer, folder, spec),
-                   describe=describe, recorded=options.recorded())
+    if options.metric is not None and options.metric not in ROUGE:
+        raise UserError(f"--metric {options.metric} is for classifiers; a seq2seq model is validated by ROUGE")
+    shrinking = options.encoder_layers or options.decoder_layers
+    shared = {f.name for f in fields(DistillOptions)} & {f.name for f in fields(QuantizeOptions)}
+    values = {name: getattr(options, name) for name in shared}
+    values.update(teacher=options.teacher or options.model, student=None if shrinking else options.model,
+                  kd_logits="mse", metric=options.metric or "rouge2")
+    return DistillOptions(**values)
 
 
-CLASSIFIER_TRAINING = ("kd_logits_weight", "kd_hidden", "kd_attention", "max_steps", "epochs", "lr", "warmup_steps",
-                       "batch_size", "grad_accum", "seed", "validation", "eval_every", "eval_limit", "save_every",
-                       "log_every", "max_source_length", "limit", "text_column", "text_pair_column", "label_column",
-                       "label_smoothing")
+def quantize_seq2seq(options: QuantizeOptions, output: str | Path, *, overwrite: bool, resume: bool,
+                     progress: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None]) -> Path:
+    """Distillation-aware quantization of a seq2seq model (optionally shrunk at the same time)."""
+    from modelshrink import distill
+    from modelshrink.models import default_source_length, resolve_device
+
+    settings = distillation_settings(options)
+    output = Path(output)
+    if finished(output, overwrite=overwrite, resume=resume, log=log):
+        return output
+    device = resolve_device(options.device)
+    accelerator, writer = start_run(output, device, overwrite=overwrite, resume=resume)
+    rows, validation_rows = distill.read_pairs_for(settings)
+    built = distill.build_student(settings, device, log)
+    student, tokenizer = built["student"], built["tokenizer"]
+    counts = quantize_model(student, options.spec)
+    distill.check_widths(built["teacher"], student, settings)
+    max_source_length = settings.max_source_length or default_source_length(tokenizer, student.config)
+    parents = parent_refs(("data", settings.data), ("teacher", settings.teacher), ("student", settings.student),
+                          ("validation", settings.validation))
+    staging = open_run(accelerator, writer, options.recorded(), parents)
+
+    def save(model: Any, folder: Path) -> None:
+        save_quantized(model, tokenizer, folder, options.spec)
+
+    result = None
+    if options.max_steps != 0:
+        student, result = distill.train_seq2seq(settings, built, rows, validation_rows, max_source_length, staging,
+                                                accelerator, save, resume=resume, progress=progress, log=log)
+    if not accelerator.is_main_process:
+        return output
+
+    keep_best(staging, result, lambda folder: save(student, folder))
+    metrics = distill.student_metrics(student, built["teacher"], result)
+    metrics.update({**storage_metrics(staging, student, metrics["teacher_parameters"]), "modules": counts})
+    write_validation(staging, result, settings.metric)
+    card = distill.model_card(settings, output, built["origin"], metrics, "quantize")
+    (staging / "README.md").write_text(card + "\n".join(reproduce_section(options, output, parents)) + "\n")
+    resolved = {"bits": asdict(options.spec), "kind": "seq2seq", "layer_map": built["maps"],
+                "max_source_length": max_source_length, "device": str(accelerator.device),
+                "processes": accelerator.num_processes}
+    return writer.commit(step="quantize", kind="model", options=options.recorded(), parents=parents,
+                         metrics=metrics, resolved=resolved)
 
 
-def _quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwrite: bool, resume: bool,
-                         progress: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None]) -> Path:
+# ---------------------------------------------------------------- classifiers
+
+def _classifier_metric(options: QuantizeOptions, task: str) -> str:
+    if options.metric is None:
+        return "accuracy" if task == "classification" else "pearson"
+    if options.metric not in CLASSIFIER_METRICS:
+        raise UserError(f"--metric {options.metric} is for seq2seq models; a classifier is validated by "
+                        f"{', '.join(CLASSIFIER_METRICS)}")
+    return options.metric
+
+
+def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwrite: bool, resume: bool,
+                        progress: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None]) -> Path:
     """Distillation-aware quantization of a sequence classifier: the full-precision classifier teaches
     its quantized copy (task loss + MSE on logits, hidden states and attention), through the shared loop."""
-    import json
-    import shutil
-
     from modelshrink import classify
     from modelshrink.distill import _same_tokenizer
     from modelshrink.efficiency import parameter_count
+    from modelshrink.families import encoder_layer_count
     from modelshrink.models import load_classifier, resolve_device, task_of
-    from modelshrink.quant.model import save_quantized
-    from modelshrink.train import TrainOptions, keep_best, open_run, start_run, train
+    from modelshrink.shrink import spaced_layer_ids
 
-    t = dict(options.training)
-    unknown = sorted(set(t) - set(CLASSIFIER_TRAINING))
-    if unknown:
-        raise UserError(f"{', '.join('--' + k.replace('_', '-') for k in unknown)} do not apply to classifiers")
+    defaults = {f.name: f.default for f in fields(QuantizeOptions)}
+    given = [k for k in SEQ2SEQ_ONLY if getattr(options, k) != defaults[k]]
+    if given:
+        raise UserError(f"{', '.join('--' + k.replace('_', '-') for k in given)} do not apply to classifiers")
+    output = Path(output)
+    if finished(output, overwrite=overwrite, resume=resume, log=log):
+        return output
     spec = options.spec
-    accelerator, writer = start_run(Path(output), resolve_device(options.device), overwrite=overwrite, resume=resume)
-    teacher_spec = options.teacher or options.model
-    teacher, teacher_tok = load_classifier(teacher_spec, "teacher", options.trust_remote_code, "cpu")
+    accelerator, writer = start_run(output, resolve_device(options.device), overwrite=overwrite, resume=resume)
+    teacher, teacher_tok = load_classifier(options.teacher or options.model, "teacher", options.trust_remote_code,
+                                           "cpu")
     student, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, "cpu")
     why = _same_tokenizer(teacher_tok, tokenizer)
     if why:
@@ -164,62 +215,44 @@ def _quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwr
     if teacher.config.num_labels != student.config.num_labels:
         raise UserError(f"teacher has {teacher.config.num_labels} labels, the model {student.config.num_labels}")
     task = task_of(student.config)
-    read = dict(text_column=t.get("text_column"), text_pair_column=t.get("text_pair_column"),
-                label_column=t.get("label_column"), num_labels=student.config.num_labels,
+    read = dict(text_column=options.text_column, text_pair_column=options.text_pair_column,
+                label_column=options.label_column, num_labels=student.config.num_labels,
                 label2id=student.config.label2id, task=task)
-    rows = classify.read_labeled(options.data, limit=t.get("limit"), **read)
-    validation = classify.read_labeled(t["validation"], limit=t.get("eval_limit", 200), **read) \
-        if t.get("validation") else None
-    from modelshrink.shrink import spaced_layer_ids
-
-    n_teacher, n_student = teacher.config.num_hidden_layers, student.config.num_hidden_layers
-    layer_map = spaced_layer_ids(n_teacher, n_student, "encoder")
+    rows = classify.read_labeled(options.data, limit=options.limit, **read)
+    validation = (classify.read_labeled(options.validation, limit=options.eval_limit, **read)
+                  if options.validation else None)
+    layer_map = spaced_layer_ids(encoder_layer_count(teacher.config), encoder_layer_count(student.config), "encoder")
     teacher_params = parameter_count(teacher)
     counts = quantize_model(student, spec)
-    if t.get("kd_attention", 1.0):
+    if options.kd_attention:
         teacher.set_attn_implementation("eager")  # the student's quantized attention returns its weights
     teacher.to(accelerator.device).eval()
-    max_length = t.get("max_source_length") or min(getattr(tokenizer, "model_max_length", 512) or 512, 512)
-    parents = [parent_ref("model", options.model), parent_ref("data", options.data)] + (
-        [parent_ref("teacher", options.teacher)] if options.teacher else [])
+    max_length = options.max_source_length or min(getattr(tokenizer, "model_max_length", 512) or 512, 512)
+    parents = parent_refs(("model", options.model), ("data", options.data), ("teacher", options.teacher))
     staging = open_run(accelerator, writer, options.recorded(), parents)
-    train_options = TrainOptions(metric="accuracy" if task == "classification" else "pearson", device=options.device,
-                                 **{k: t[k] for k in ("max_steps", "epochs", "lr", "warmup_steps", "batch_size",
-                                                      "grad_accum", "seed", "eval_every", "save_every", "log_every")
-                                    if k in t})
 
-    def save_best(model: Any, folder: Path) -> None:
-        shutil.rmtree(folder, ignore_errors=True)
+    train_options = options.train_options()
+    train_options.metric = _classifier_metric(options, task)
+
+    def save(model: Any, folder: Path) -> None:
         save_quantized(model, tokenizer, folder, spec)
 
     result = train(student, classify.tokenize_labeled(rows, tokenizer, max_length),
                    classify.make_collate(tokenizer.pad_token_id),
-                   classify.make_loss(teacher, t.get("kd_logits_weight", 1.0), t.get("kd_hidden", 1.0),
-                                      t.get("kd_attention", 1.0), layer_map, t.get("label_smoothing", 0.0)),
+                   classify.make_loss(teacher, options.kd_logits_weight, options.kd_hidden, options.kd_attention,
+                                      layer_map, options.label_smoothing),
                    train_options, staging, accelerator=accelerator,
                    validate=classify.make_validate(validation, tokenizer, train_options.batch_size,
                                                    accelerator.device, max_length) if validation else None,
-                   save_best=save_best, resume=resume, progress=progress, log=log)
+                   save_best=save_best_with(save), resume=resume, progress=progress, log=log)
     student = accelerator.unwrap_model(student)
     if not accelerator.is_main_process:
-        return Path(output)
-    keep_best(staging, result, lambda folder: save_quantized(student, tokenizer, folder, spec))
-    metrics = {**storage_metrics(staging, student, teacher_params), "modules": counts, "steps": result.steps,
-               "tokens_per_second": result.tokens_per_second, "final_loss": result.final_loss}
-    if result.validation is not None:
-        metrics["validation"] = {"step": result.best["step"], **result.validation}
-        (staging / "validation.json").write_text(json.dumps(metrics["validation"], indent=2) + "\n")
-    (staging / "README.md").write_text(_card(output, options, metrics))
+        return output
+
+    keep_best(staging, result, lambda folder: save(student, folder))
+    metrics = {**storage_metrics(staging, student, teacher_params), "modules": counts, **training_metrics(result)}
+    write_validation(staging, result, train_options.metric)
+    card = _card_head(output, options, metrics) + reproduce_section(options, output, parents)
+    (staging / "README.md").write_text("\n".join(card) + "\n")
     return writer.commit(step="quantize", kind="model", options=options.recorded(), parents=parents, metrics=metrics,
                          resolved={"bits": asdict(spec), "kind": "classifier", "task": task, "layer_map": layer_map})
-
-
-def _card(output: str | Path, options: QuantizeOptions, metrics: dict[str, Any]) -> str:
-    return "\n".join([
-        f"# {Path(output).name}", "",
-        f"`{options.model}` quantized by modelshrink (`quantize --method {options.method} --bits {options.bits}`). "
-        "The weights "
-        "are stored as integers; load it with modelshrink (`eval`, `export`, or `modelshrink.quant.model."
-        "load_quantized`): plain `transformers.from_pretrained` finds no weights file it knows and fails.", "",
-        f"Parameters: {metrics['parameters']:,}. Bytes on disk: {metrics['bytes_on_disk']:,} "
-        f"({metrics['compression_ratio']}× smaller than the float32 model).", ""])

@@ -72,7 +72,8 @@ def run_quickstart(output: str | Path, *, budget: QuickstartBudget | None = None
     from modelshrink.distill import DistillOptions, distill
     from modelshrink.evaluate import EvalOptions, evaluate
     from modelshrink.pseudolabel import PseudolabelOptions, pseudolabel
-    from modelshrink.quantize import QuantizeOptions, quantize
+    from modelshrink.options.quantize import QuantizeOptions
+    from modelshrink.quantize import quantize
 
     budget = budget or QuickstartBudget()
     output = check_output(output, overwrite)
@@ -106,10 +107,9 @@ def run_quickstart(output: str | Path, *, budget: QuickstartBudget | None = None
     for bits in budget.quantize_bits:
         log(f"4/6 student λ = {last:g} quantized to {bits} by distillation-aware training, "
             f"{budget.quantize_steps} steps")
-        training = dict(max_steps=budget.quantize_steps, lr=1e-4, max_target_length=budget.max_target_length,
-                        **lengths)
         quantized[bits] = quantize(QuantizeOptions(model=str(students[last]), bits=bits, data=str(labels_last),
-                                                   device="cpu", training=training),
+                                                   device="cpu", max_steps=budget.quantize_steps, lr=1e-4,
+                                                   max_target_length=budget.max_target_length, **lengths),
                                    output / f"student-lambda{last:g}-{bits}",
                                    progress=train_progress(f"quantize {bits}") if train_progress else None, log=log)
     log(f"5/6 evaluation on {budget.eval_docs} validation documents")
@@ -140,7 +140,8 @@ def deploy_best(systems: list[tuple[str, Path]], comparison: dict[str, Any], out
     import sys
 
     from modelshrink.errors import CheckFailed
-    from modelshrink.export import ExportOptions, export_model
+    from modelshrink.export import export_model
+    from modelshrink.options.export import ExportOptions
 
     scored = [(row.get("rouge1") or 0.0, -(row.get("bytes_on_disk") or 0), name, path)
               for row, (name, path) in zip(comparison["systems"], systems) if name != "teacher"]

@@ -13,7 +13,7 @@ import copy
 from torch import nn
 
 from modelshrink.errors import UserError
-from modelshrink.families import Family, family_of
+from modelshrink.families import Family, encoder_layer_count, encoder_layer_list, family_of
 
 
 def _check_count(n_teacher: int, n_student: int, side: str, option: str | None = None) -> None:
@@ -147,28 +147,12 @@ def shrink(model: nn.Module, encoder_ids: list[int], decoder_ids: list[int]) -> 
     return student
 
 
-def encoder_layer_list(model: nn.Module) -> nn.ModuleList:
-    """The transformer layers of an encoder-only model (BERT, RoBERTa, ELECTRA, MiniLM: encoder.layer;
-    DistilBERT: transformer.layer), found as the ModuleList whose length is the configured depth."""
-    depth = model.config.num_hidden_layers
-    base = getattr(model, "base_model", model)
-    for path in ("encoder.layer", "transformer.layer", "encoder.layers", "layers"):
-        try:
-            found = base.get_submodule(path)
-        except AttributeError:
-            continue
-        if isinstance(found, nn.ModuleList) and len(found) == depth:
-            return found
-    raise UserError(f"cannot find the {depth} transformer layers of this {model.config.model_type} model; "
-                    "copying layers supports BERT-style encoders (BERT, RoBERTa, ELECTRA, DistilBERT)")
-
-
 def shrink_encoder(model: nn.Module, layer_ids: list[int], option: str = "--layer-ids") -> nn.Module:
     """A new encoder-only student (e.g. a sequence classifier) keeping the teacher's layers
     `layer_ids`, in that order, and everything else (embeddings, pooler, head) as it is."""
     if getattr(model.config, "is_encoder_decoder", False):
         raise UserError("shrink_encoder takes an encoder-only model; use shrink for encoder-decoders")
-    n = model.config.num_hidden_layers
+    n = encoder_layer_count(model.config)
     layer_ids = check_layer_ids(layer_ids, n, "encoder", option)
     student = copy.deepcopy(model)
     _keep_layers(encoder_layer_list(student), layer_ids)

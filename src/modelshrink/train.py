@@ -12,11 +12,12 @@ Checkpoints hold no pickles: weights and optimizer tensors are safetensors, ever
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +33,20 @@ ValidateFn = Callable[[Any], dict[str, float]]
 
 class TrainingDiverged(UserError):
     """The loss became NaN or inf; the run stopped and kept its last good checkpoint."""
+
+
+@dataclass
+class TrainState:
+    """Where a run stands; a checkpoint stores it as state.json, and resuming reads it back."""
+
+    step: int = 0  # optimizer updates so far
+    epoch: int = 0
+    batch_in_epoch: int = 0  # this process's batches of the epoch already used
+    tokens: int = 0  # training tokens, all processes
+    best: dict[str, Any] | None = None  # {"step", "score", "metric", "metrics"} of the best validation
+    evals_without_gain: int = 0
+    seconds: float = 0.0
+    last_eval_step: int | None = None
 
 
 @dataclass
@@ -122,7 +137,7 @@ def _load_optimizer(optimizer: torch.optim.Optimizer, folder: Path) -> None:
 
 
 def save_checkpoint(folder: Path, model: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
-                    state: dict[str, Any]) -> None:
+                    state: TrainState) -> None:
     partial = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -132,9 +147,22 @@ def save_checkpoint(folder: Path, model: Any, optimizer: torch.optim.Optimizer, 
     if torch.cuda.is_available():
         rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
     save_file(rng, partial / "rng.safetensors")
-    (partial / "state.json").write_text(json.dumps({**state, "scheduler": scheduler.state_dict()}, indent=2))
+    (partial / "state.json").write_text(json.dumps({**asdict(state), "scheduler": scheduler.state_dict()}, indent=2))
     shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)  # a checkpoint folder exists only once it is whole
+
+
+def load_checkpoint(folder: Path, model: Any, optimizer: torch.optim.Optimizer, scheduler: Any) -> TrainState:
+    """Weights, optimizer, schedule and random state back from `folder`; returns the state there."""
+    load_model(model, str(folder / "model.safetensors"))
+    _load_optimizer(optimizer, folder)
+    saved = json.loads((folder / "state.json").read_text())
+    scheduler.load_state_dict(saved.pop("scheduler"))
+    rng = load_file(folder / "rng.safetensors")
+    torch.set_rng_state(rng["torch"])
+    if torch.cuda.is_available() and "cuda0" in rng:
+        torch.cuda.set_rng_state_all([rng[f"cuda{i}"] for i in range(torch.cuda.device_count())])
+    return TrainState(**saved)
 
 
 def latest_checkpoint(workdir: Path) -> Path | None:
@@ -143,50 +171,112 @@ def latest_checkpoint(workdir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def start_run(output: Path, device: str, *, overwrite: bool, resume: bool) -> tuple[Any, Any]:
-    """The accelerator and the artifact writer of a step that trains, once every process has
-    checked the output (before the main one creates the staging folder)."""
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs
+# ---------------------------------------------------------------- pieces of the loop
 
-    from modelshrink.artifacts import ArtifactWriter
+class _Log:
+    """train_log.jsonl (main process only) and the throughput of the steps since the last line."""
 
-    # Unused parameters (the BERT pooler of a bert2bert) would stop DDP without find_unused_parameters.
-    accelerator = Accelerator(cpu=device == "cpu",
-                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
-    writer = ArtifactWriter(output, overwrite=overwrite, resume=resume, keep_on_failure=True)
-    writer.check()
-    accelerator.wait_for_everyone()
-    return accelerator, writer
+    def __init__(self, path: Path, main: bool):
+        self.path, self.main = path, main
+        self.window_tokens, self.window_start = 0, time.perf_counter()
+
+    def start(self, resumed_at: int | None) -> None:
+        if not self.main or not self.path.exists():
+            return
+        if resumed_at is None:
+            self.path.unlink()
+        else:  # drop lines written after the checkpoint
+            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resumed_at]
+            self.path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, entry: dict[str, Any]) -> None:
+        if self.main:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+
+    def step(self, state: TrainState, tokens: int, parts: dict[str, float], lr: float, batches: int,
+             every: int, total: int, progress: Callable[[dict[str, Any]], None] | None) -> None:
+        self.window_tokens += tokens
+        if state.step % every != 0 and state.step != total:
+            return
+        now = time.perf_counter()
+        rate = self.window_tokens / max(now - self.window_start, 1e-9)
+        entry = {"step": state.step, "epoch": round(state.epoch + state.batch_in_epoch / batches, 4),
+                 "lr": lr, "tokens": self.window_tokens, "seconds": round(now - self.window_start, 4),
+                 "tokens_per_s": round(rate, 1), **{k: round(v, 5) for k, v in parts.items()}}
+        self.write(entry)
+        if self.main and progress:
+            progress({**entry, "total_steps": total})
+        self.window_tokens, self.window_start = 0, now
 
 
-def open_run(accelerator: Any, writer: Any, recorded: dict[str, Any], parents: list[dict[str, Any]]) -> Path:
-    """Create (or, resuming, check) the staging folder on the main process; every process gets its path.
-    A resumed run may extend its budget or change how often it logs, validates and saves."""
-    from modelshrink.artifacts import pin_run
+@dataclass
+class _Validation:
+    """Validation on the main process with best-checkpoint selection and early stopping."""
 
-    if accelerator.is_main_process:
-        writer.open()
-        pin_run(writer.staging, recorded, parents, may_change=("max_steps", "epochs", "eval_every", "save_every",
-                                                                "log_every", "device", "early_stopping"))
-    accelerator.wait_for_everyone()
-    return writer.staging
+    validate: ValidateFn
+    save_best: Callable[[Any, Path], None] | None
+    options: TrainOptions
+    accelerator: Any
+    workdir: Path
+    train_log: _Log
+    log: Callable[[str], None]
+
+    def __call__(self, ddp: Any, state: TrainState) -> bool:
+        """Validate now; returns whether to stop early (the same on every process)."""
+        stop = False
+        state.last_eval_step = state.step
+        if self.accelerator.is_main_process:
+            metric = self.options.metric
+            ddp.eval()
+            metrics = self.validate(self.accelerator.unwrap_model(ddp))
+            ddp.train()
+            score = metrics[metric]
+            improved = state.best is None or score > state.best["score"]
+            if improved:
+                state.best = {"step": state.step, "score": score, "metric": metric, "metrics": metrics}
+                state.evals_without_gain = 0
+                if self.save_best is not None:
+                    self.save_best(self.accelerator.unwrap_model(ddp), self.workdir / "best")
+            else:
+                state.evals_without_gain += 1
+            self.train_log.write({"step": state.step, "event": "validation", **metrics,
+                                  "best_step": state.best["step"]})
+            self.log(f"step {state.step}: validation {metric} {score:.2f}" + (
+                " (best)" if improved else f" (best {state.best['score']:.2f} at step {state.best['step']})"))
+            patience = self.options.early_stopping
+            stop = patience is not None and state.evals_without_gain >= patience
+        return _broadcast(self.accelerator, stop)
 
 
-def keep_best(workdir: Path, result: TrainResult | None, save_final: Callable[[Path], None]) -> None:
-    """Leave in `workdir` the weights to publish: the best validated ones where validation saved
-    some, else the final ones (`save_final(folder)`); then drop the training leftovers."""
-    from modelshrink.artifacts import RUN_FILE
+def _my_batches(lengths: list[int], options: TrainOptions, epoch: int, accelerator: Any) -> list[list[int]]:
+    """This process's batches of the epoch: every world_size-th, equal counts on every process (for DDP)."""
+    world = accelerator.num_processes
+    batches = make_batches(lengths, options, epoch)
+    usable = len(batches) // (world * options.grad_accum) * world * options.grad_accum
+    return batches[accelerator.process_index:usable:world]
 
-    best = workdir / "best"
-    if result is not None and result.best is not None and best.is_dir():
-        for f in best.iterdir():
-            shutil.move(str(f), workdir / f.name)
-    else:
-        save_final(workdir)
-    for leftover in ("best", "checkpoints"):
-        shutil.rmtree(workdir / leftover, ignore_errors=True)
-    (workdir / RUN_FILE).unlink(missing_ok=True)
+
+def _accumulate(ddp: Any, micro_batches: list[dict[str, Any]], loss_fn: LossFn, accelerator: Any,
+                state: TrainState, workdir: Path) -> tuple[dict[str, float], int]:
+    """Forward and backward over one optimizer step's micro-batches (gradients averaged over them);
+    returns the mean loss parts and this process's tokens. Stops every process on a NaN/inf loss."""
+    parts_sum: dict[str, float] = {}
+    tokens = 0
+    n = len(micro_batches)
+    for micro, batch in enumerate(micro_batches):
+        batch = {k: v.to(accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        sync = micro == n - 1  # DDP averages gradients across processes on the last micro-batch only
+        context = accelerator.no_sync(ddp) if not sync and accelerator.num_processes > 1 else contextlib.nullcontext()
+        with context:
+            loss, parts = loss_fn(ddp, batch)
+            if _broadcast_any(accelerator, not bool(torch.isfinite(loss))):
+                raise TrainingDiverged(_diverged_message(state, workdir))
+            accelerator.backward(loss / n)
+        for name, value in parts.items():
+            parts_sum[name] = parts_sum.get(name, 0.0) + float(value) / n
+        tokens += int(batch["tokens"])
+    return parts_sum, tokens
 
 
 # ---------------------------------------------------------------- the loop
@@ -198,8 +288,7 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
           log: Callable[[str], None] = lambda m: None) -> TrainResult:
     """Train `model` in place; returns what happened. `examples` carry `length` (tokens) for batching.
     `save_best(model, folder)` is called on the main process whenever validation improves."""
-    main = accelerator.is_main_process
-    world = accelerator.num_processes
+    main, world = accelerator.is_main_process, accelerator.num_processes
     lengths = [e["length"] for e in examples]
     per_epoch = len(make_batches(lengths, options, 0)) // world // options.grad_accum
     if per_epoch == 0:
@@ -207,148 +296,77 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
                         f"{options.batch_size} × {options.grad_accum} accumulation × {world} processes")
     total = options.max_steps if options.max_steps is not None else math.ceil(options.epochs * per_epoch)
     warmup = options.warmup_steps if options.warmup_steps is not None else int(options.warmup_ratio * total)
+
     model.to(accelerator.device)  # before the optimizer, so restored optimizer state lands on the device
     optimizer = _optimizer(model, options)
     scheduler = _schedule(optimizer, warmup, total)
-    log_path = workdir / "train_log.jsonl"
-    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "tokens": 0, "best": None, "evals_without_gain": 0,
-             "seconds": 0.0, "last_eval_step": None}
+    train_log = _Log(workdir / "train_log.jsonl", main)
     checkpoint = latest_checkpoint(workdir) if resume else None
     if checkpoint is not None:
-        load_model(model, str(checkpoint / "model.safetensors"))
-        _load_optimizer(optimizer, checkpoint)
-        saved = json.loads((checkpoint / "state.json").read_text())
-        scheduler.load_state_dict(saved.pop("scheduler"))
-        state.update(saved)
-        rng = load_file(checkpoint / "rng.safetensors")
-        torch.set_rng_state(rng["torch"])
-        if torch.cuda.is_available() and "cuda0" in rng:
-            torch.cuda.set_rng_state_all([rng[f"cuda{i}"] for i in range(torch.cuda.device_count())])
-        if main and log_path.exists():  # drop log lines written after the checkpoint
-            kept = [line for line in log_path.read_text().splitlines() if json.loads(line)["step"] <= state["step"]]
-            log_path.write_text("".join(line + "\n" for line in kept))
+        state = load_checkpoint(checkpoint, model, optimizer, scheduler)
+        train_log.start(resumed_at=state.step)
         log(f"resuming from {checkpoint.name}")
     else:
+        state = TrainState()
         torch.manual_seed(options.seed)
-        if main and log_path.exists():
-            log_path.unlink()
+        train_log.start(resumed_at=None)
     # Only the model goes through accelerate (DDP across processes). Its scheduler wrapper would step
     # once per process, and steps here count optimizer updates, whatever the number of processes.
     ddp = accelerator.prepare(model)
     ddp.train()
+    validation = (_Validation(validate, save_best, options, accelerator, workdir, train_log, log)
+                  if validate is not None else None)
 
-    def write_log(entry: dict[str, Any]) -> None:
-        if main:
-            with open(log_path, "a") as f:
-                f.write(json.dumps(entry) + "\n")
-
-    def run_validation() -> bool:
-        """Validate on the main process; returns whether to stop early (the same on every process)."""
-        stop = False
-        state["last_eval_step"] = state["step"]
-        if main:
-            ddp.eval()
-            metrics = validate(accelerator.unwrap_model(ddp))
-            ddp.train()
-            score = metrics[options.metric]
-            best = state["best"]
-            improved = best is None or score > best["score"]
-            if improved:
-                state["best"] = {"step": state["step"], "score": score, "metric": options.metric, "metrics": metrics}
-                state["evals_without_gain"] = 0
-                if save_best is not None:
-                    save_best(accelerator.unwrap_model(ddp), workdir / "best")
-            else:
-                state["evals_without_gain"] += 1
-            write_log({"step": state["step"], "event": "validation", **metrics, "best_step": state["best"]["step"]})
-            log(f"step {state['step']}: validation {options.metric} {score:.2f}"
-                + (" (best)" if improved else f" (best {state['best']['score']:.2f} at step {state['best']['step']})"))
-            stop = options.early_stopping is not None and state["evals_without_gain"] >= options.early_stopping
-        return _broadcast(accelerator, stop)
-
-    started = time.perf_counter() - state["seconds"]
-    window_tokens, window_start, losses, last_loss = 0, time.perf_counter(), [], None
-    stopped_early = False
-    while state["step"] < total and not stopped_early:
-        batches = make_batches(lengths, options, state["epoch"])
-        usable = len(batches) // (world * options.grad_accum) * world * options.grad_accum
-        mine = batches[accelerator.process_index:usable:world]  # equal counts on every process, for DDP
-        for position in range(state["batch_in_epoch"], len(mine), options.grad_accum):
+    started = time.perf_counter() - state.seconds
+    train_log.window_start = time.perf_counter()
+    last_loss, stopped_early = None, False
+    while state.step < total and not stopped_early:
+        mine = _my_batches(lengths, options, state.epoch, accelerator)
+        for position in range(state.batch_in_epoch, len(mine), options.grad_accum):
             group = mine[position:position + options.grad_accum]
-            step_parts: dict[str, float] = {}
-            step_tokens = 0
-            for micro, indices in enumerate(group):
-                batch = {k: v.to(accelerator.device) if torch.is_tensor(v) else v
-                         for k, v in collate([examples[i] for i in indices]).items()}
-                sync = micro == len(group) - 1
-                context = accelerator.no_sync(ddp) if not sync and world > 1 else _null()
-                with context:
-                    loss, parts = loss_fn(ddp, batch)
-                    if _broadcast_any(accelerator, not bool(torch.isfinite(loss))):
-                        raise TrainingDiverged(_diverged_message(state, workdir))
-                    accelerator.backward(loss / len(group))
-                for name, value in parts.items():
-                    step_parts[name] = step_parts.get(name, 0.0) + float(value) / len(group)
-                step_tokens += int(batch["tokens"])
+            parts, tokens = _accumulate(ddp, [collate([examples[i] for i in indices]) for indices in group],
+                                        loss_fn, accelerator, state, workdir)
             if options.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(ddp.parameters(), options.max_grad_norm)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            state["step"] += 1
-            state["batch_in_epoch"] = position + len(group)
-            step_tokens = _sum(accelerator, step_tokens)  # all processes' tokens
-            state["tokens"] += step_tokens
-            window_tokens += step_tokens
-            losses.append(step_parts.get("loss", 0.0))
-            last_loss = step_parts.get("loss")
-            if state["step"] % options.log_every == 0 or state["step"] == total:
-                now = time.perf_counter()
-                rate = window_tokens / max(now - window_start, 1e-9)
-                entry = {"step": state["step"], "epoch": round(state["epoch"] + state["batch_in_epoch"] / len(mine), 4),
-                         "lr": scheduler.get_last_lr()[0], "tokens": window_tokens, "seconds": round(now - window_start, 4),
-                         "tokens_per_s": round(rate, 1),
-                         **{k: round(v, 5) for k, v in step_parts.items()}}
-                write_log(entry)
-                if main and progress:
-                    progress({**entry, "total_steps": total})
-                window_tokens, window_start = 0, now
-            state["seconds"] = time.perf_counter() - started
-            if validate is not None and options.eval_every and state["step"] % options.eval_every == 0:
-                stopped_early = run_validation()
-            if options.save_every and state["step"] % options.save_every == 0 and main:
-                save_checkpoint(workdir / "checkpoints" / f"step-{state['step']}", accelerator.unwrap_model(ddp),
+            state.step += 1
+            state.batch_in_epoch = position + len(group)
+            tokens = _sum(accelerator, tokens)  # all processes' tokens
+            state.tokens += tokens
+            last_loss = parts.get("loss")
+            train_log.step(state, tokens, parts, scheduler.get_last_lr()[0], len(mine), options.log_every, total,
+                           progress)
+            state.seconds = time.perf_counter() - started
+            if validation and options.eval_every and state.step % options.eval_every == 0:
+                stopped_early = validation(ddp, state)
+            if options.save_every and state.step % options.save_every == 0 and main:
+                save_checkpoint(workdir / "checkpoints" / f"step-{state.step}", accelerator.unwrap_model(ddp),
                                 optimizer, scheduler, state)
             accelerator.wait_for_everyone()
-            if state["step"] >= total or stopped_early:
+            if state.step >= total or stopped_early:
                 break
         else:
-            state["epoch"] += 1
-            state["batch_in_epoch"] = 0
-    if validate is not None and not stopped_early and state["last_eval_step"] != state["step"]:
-        run_validation()  # the final weights are a candidate too
+            state.epoch += 1
+            state.batch_in_epoch = 0
+    if validation and not stopped_early and state.last_eval_step != state.step:
+        validation(ddp, state)  # the final weights are a candidate too
+
     seconds = time.perf_counter() - started
-    final = state["best"]["metrics"] if state["best"] else None
-    return TrainResult(steps=state["step"], epochs=round(state["epoch"] + state["batch_in_epoch"] / max(1, per_epoch *
-                       options.grad_accum), 4), train_tokens=state["tokens"], seconds=round(seconds, 3),
-                       tokens_per_second=round(state["tokens"] / seconds, 1) if seconds > 0 else 0.0,
-                       final_loss=last_loss, best=state["best"], validation=final)
+    epochs = round(state.epoch + state.batch_in_epoch / max(1, per_epoch * options.grad_accum), 4)
+    return TrainResult(steps=state.step, epochs=epochs, train_tokens=state.tokens, seconds=round(seconds, 3),
+                       tokens_per_second=round(state.tokens / seconds, 1) if seconds > 0 else 0.0,
+                       final_loss=last_loss, best=state.best,
+                       validation=state.best["metrics"] if state.best else None)
 
 
-def _diverged_message(state: dict[str, Any], workdir: Path) -> str:
+def _diverged_message(state: TrainState, workdir: Path) -> str:
     checkpoint = latest_checkpoint(workdir)
     kept = (f"the last good checkpoint is {checkpoint} (continue from it with --resume)" if checkpoint
             else "no checkpoint was saved yet (set --save-every)")
-    return (f"the loss became NaN or inf at step {state['step'] + 1}; training stopped and {kept}; a lower --lr or "
+    return (f"the loss became NaN or inf at step {state.step + 1}; training stopped and {kept}; a lower --lr or "
             "--max-grad-norm usually helps (start over with --overwrite)")
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _broadcast(accelerator: Any, value: bool) -> bool:

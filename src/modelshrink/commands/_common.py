@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Callable, Iterator, Optional
+from typing import Callable, Iterator
 
 import typer
 
@@ -36,16 +36,6 @@ def handle_errors(resume_hint: str | None = None) -> Iterator[None]:
     except KeyboardInterrupt:
         typer.echo("Interrupted." + (f" {resume_hint}" if resume_hint else ""), err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
-
-
-def parse_ids(value: Optional[str], flag: str) -> Optional[list[int]]:
-    """Comma-separated layer numbers ("0,6,11") of a command-line option."""
-    if value is None:
-        return None
-    try:
-        return [int(x) for x in value.replace(" ", "").split(",") if x != ""]
-    except ValueError:
-        raise fail(f"{flag} takes comma-separated layer numbers such as 0,6,11; got {value}") from None
 
 
 def emit(path: Path) -> None:
@@ -114,51 +104,3 @@ def stderr_console():
 
 def log(message: str) -> None:
     typer.echo(message, err=True)
-
-
-# Generation options shared by every command that generates; defaults come from the model's config.
-GEN_PANEL = "Generation (defaults: the model's generation config)"
-NumBeams = Annotated[Optional[int], typer.Option(help="Beam size.", rich_help_panel=GEN_PANEL)]
-LengthPenalty = Annotated[Optional[float], typer.Option(help="Beam length penalty.", rich_help_panel=GEN_PANEL)]
-MinLength = Annotated[Optional[int], typer.Option(help="Minimum summary length in tokens.",
-                                                  rich_help_panel=GEN_PANEL)]
-MaxLength = Annotated[Optional[int], typer.Option(help="Maximum summary length in tokens.",
-                                                  rich_help_panel=GEN_PANEL)]
-NoRepeatNgramSize = Annotated[Optional[int], typer.Option(help="Block repeated n-grams of this size.",
-                                                          rich_help_panel=GEN_PANEL)]
-MaxSourceLength = Annotated[Optional[int], typer.Option(
-    help="Truncate documents to this many tokens. [default: the tokenizer's model_max_length]",
-    rich_help_panel=GEN_PANEL)]
-
-# The shared training loop's options, for every command that trains (help panel "Optimization").
-DATA = "Data"
-SPLITS = "a folder of split files, a datasets folder or a hub dataset"
-Split = Annotated[Optional[str], typer.Option(help=f"Split of DATA ({SPLITS}).", rich_help_panel=DATA)]
-ValidationSplit = Annotated[Optional[str], typer.Option(help="Split of --validation.", rich_help_panel=DATA)]
-OPT = "Optimization"
-MaxSteps = Annotated[Optional[int], typer.Option(help="Optimizer steps; 0 writes the initialized student untrained.",
-                                                 rich_help_panel=OPT)]
-Epochs = Annotated[Optional[float], typer.Option(help="Epochs (when --max-steps is not given).", rich_help_panel=OPT)]
-Lr = Annotated[float, typer.Option(help="Peak learning rate (AdamW).", rich_help_panel=OPT)]
-Beta1 = Annotated[float, typer.Option(help="AdamW β1.", rich_help_panel=OPT)]
-Beta2 = Annotated[float, typer.Option(help="AdamW β2.", rich_help_panel=OPT)]
-Eps = Annotated[float, typer.Option(help="AdamW ε.", rich_help_panel=OPT)]
-WeightDecay = Annotated[float, typer.Option(help="AdamW weight decay (not on biases and norms).", rich_help_panel=OPT)]
-WarmupSteps = Annotated[Optional[int], typer.Option(help="Linear warmup steps. [default: from --warmup-ratio]",
-                                                    rich_help_panel=OPT)]
-WarmupRatio = Annotated[float, typer.Option(help="Warmup as a share of all steps.", rich_help_panel=OPT)]
-MaxGradNorm = Annotated[float, typer.Option(help="Gradient clipping (0 = off).", rich_help_panel=OPT)]
-GradAccum = Annotated[int, typer.Option(help="Gradient accumulation steps.", rich_help_panel=OPT)]
-MaxTokens = Annotated[Optional[int], typer.Option(help="Batch by a padded-token budget instead of a count.",
-                                                  rich_help_panel=OPT)]
-Seed = Annotated[int, typer.Option(help="Seed of data order, dropout and new weights.", rich_help_panel=OPT)]
-LogEvery = Annotated[int, typer.Option(help="Write train_log.jsonl every N steps.", rich_help_panel=OPT)]
-SaveEvery = Annotated[Optional[int], typer.Option(help="Checkpoint every N steps (for --resume).", rich_help_panel=OPT)]
-VAL = "Validation"
-EvalEvery = Annotated[Optional[int], typer.Option(help="Validate every N steps (and at the end).", rich_help_panel=VAL)]
-EarlyStopping = Annotated[Optional[int], typer.Option(help="Stop after N validations without improvement.",
-                                                      rich_help_panel=VAL)]
-Device = Annotated[str, typer.Option(help="cpu, cuda, or auto (under accelerate launch, its choice).")]
-Resume = Annotated[bool, typer.Option(help="Continue an interrupted run from its last checkpoint.")]
-Overwrite = Annotated[bool, typer.Option(help="Replace an existing output.")]
-TrustRemoteCode = Annotated[bool, typer.Option(help="Allow models' own code from the hub.")]

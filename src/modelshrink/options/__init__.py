@@ -198,3 +198,26 @@ def _unwrap(t: Any) -> Any:
 def options_class(cls: type) -> type:
     """Decorator for a step's options: a keyword-only dataclass whose tuple fields are known."""
     return _register_tuples(dataclass(kw_only=True)(cls))
+
+
+def to_toml(step: str, recorded: dict[str, Any]) -> str:
+    """A manifest's `options` as a `[step]` recipe table (options that are None are left out: TOML
+    has no null, and None is every such option's default)."""
+    import json
+
+    lines = [f"[{step}]"]
+    for key, value in recorded.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            text = repr(value)
+        elif isinstance(value, str):
+            text = json.dumps(value, ensure_ascii=False)
+        elif isinstance(value, (list, tuple)):
+            text = "[" + ", ".join(json.dumps(v) for v in value) + "]"
+        else:
+            raise TypeError(f"option {key} has a value TOML cannot hold: {value!r}")
+        lines.append(f"{key} = {text}")
+    return "\n".join(lines) + "\n"

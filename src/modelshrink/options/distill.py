@@ -6,11 +6,11 @@ from typing import ClassVar
 
 from modelshrink.errors import UserError
 from modelshrink.options import REQUIRED, opt, options_class
+from modelshrink.options.generation import GEN
 from modelshrink.options.train import DATA, OPT, SPLITS, VAL, TrainOptions
 
 START = "Starting point"
 LOSS = "Losses"
-GEN = "Generation (defaults: the model's generation config)"
 LOGIT_LOSSES = ("kl", "mse")
 ROUGE_METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 

@@ -6,8 +6,8 @@ from typing import ClassVar
 
 from modelshrink.errors import UserError
 from modelshrink.metrics.stats import SIGNIFICANCE_METHODS
-from modelshrink.options import REQUIRED, Options, opt, options_class
-from modelshrink.options.distill import GEN
+from modelshrink.options import REQUIRED, opt, options_class
+from modelshrink.options.generation import GEN, GenerationOptions
 from modelshrink.options.train import SPLITS
 
 SCORE = "Scoring"
@@ -15,7 +15,7 @@ COLS = "Columns"
 
 
 @options_class
-class EvalOptions(Options):
+class EvalOptions(GenerationOptions):
     """Every option of `modelshrink eval MODEL DATA` or `modelshrink eval PREDICTIONS`."""
 
     STEP: ClassVar[str] = "eval"
@@ -41,14 +41,6 @@ class EvalOptions(Options):
     latency_docs: int = opt(16, "Documents timed one at a time (batch 1) after 2 warm-up; 0 skips.", panel=SCORE,
                             min=0)
     tokenizer: str | None = opt(None, "Tokenizer for token lengths of a predictions file.", panel=SCORE)
-    num_beams: int | None = opt(None, "Beam size.", panel=GEN, min=1)
-    length_penalty: float | None = opt(None, "Beam length penalty.", panel=GEN)
-    min_length: int | None = opt(None, "Minimum summary length in tokens.", panel=GEN, min=0)
-    max_length: int | None = opt(None, "Maximum summary length in tokens.", panel=GEN, min=1)
-    no_repeat_ngram_size: int | None = opt(None, "Block repeated n-grams of this size.", panel=GEN, min=0)
-    max_source_length: int | None = opt(None, "Truncate documents to this many tokens. [default: the smaller of the "
-                                              "tokenizer's model_max_length and the model's positions]", panel=GEN,
-                                        min=1)
     batch_size: int = opt(16, "Batch size (throughput is measured at it).", panel=GEN, min=1)
     split: str | None = opt(None, f"Split of {SPLITS}.", panel=COLS)
     text_column: str | None = opt(None, "Document / sentence column. [default: auto]", panel=COLS)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from modelshrink.errors import UserError
-from modelshrink.options import REQUIRED, Options, opt, options_class
-from modelshrink.options.distill import GEN
+from modelshrink.options import REQUIRED, opt, options_class
+from modelshrink.options.generation import GEN, GenerationOptions
 from modelshrink.options.train import DATA, SPLITS
 
 PLATE = "Attention temperature (PLATE)"
@@ -14,7 +14,7 @@ BASE = "Baselines (PLATE Table 5, Appendix C)"
 
 
 @options_class
-class PseudolabelOptions(Options):
+class PseudolabelOptions(GenerationOptions):
     """Every option of `modelshrink pseudolabel`."""
 
     STEP: ClassVar[str] = "pseudolabel"
@@ -30,15 +30,6 @@ class PseudolabelOptions(Options):
     lambda_cross: float | None = opt(None, "λ for decoder cross-attention only.", panel=PLATE, above=0)
     lambda_range: tuple[float, float] | None = opt(None, "Draw λ ~ U[A, B] per document (seeded, recorded per row); "
                                                          "the paper uses 1 2.", panel=PLATE, metavar="A B", above=0)
-    num_beams: int | None = opt(None, "Beam size.", panel=GEN, min=1)
-    length_penalty: float | None = opt(None, "Beam length penalty.", panel=GEN)
-    min_length: int | None = opt(None, "Minimum summary length in tokens.", panel=GEN, min=0)
-    max_length: int | None = opt(None, "Maximum summary length in tokens.", panel=GEN, min=1)
-    no_repeat_ngram_size: int | None = opt(None, "Block repeated n-grams of this size.", panel=GEN, min=0)
-    max_source_length: int | None = opt(None, "Truncate documents to this many tokens. [default: the smaller of the "
-                                              "tokenizer's model_max_length and the model's positions]", panel=GEN,
-                                        min=1)
-    batch_size: int = opt(16, "Documents per batch (sorted by length).", panel=GEN, min=1)
     seed: int = opt(0, "Seed for --lambda-range draws and sampling.", panel=GEN)
     output_temperature: float | None = opt(None, "Temperature T of the final softmax instead of the attention "
                                                  "(Appendix C; the paper tries 0.5-2.0).", panel=BASE, above=0)

@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 from modelshrink.errors import UserError
 from modelshrink.options import REQUIRED, opt, options_class
-from modelshrink.options.distill import GEN
+from modelshrink.options.generation import GEN
 from modelshrink.options.train import DATA, OPT, SPLITS, VAL, TrainOptions
 
 TRAIN = "Training (--method distill)"

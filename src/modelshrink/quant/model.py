@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch.nn.utils import parametrize
 
 from modelshrink.errors import UserError
+from modelshrink.families import ENCODER_DECODER_TYPE
 from modelshrink.quant.modules import QuantSpec, check_quantizable, latent_weights, quantize_model
 from modelshrink.quant.packing import BITS_PER_VALUE, pack, unpack
 from modelshrink.quant.quantizers import dequantize, quantize_weight
@@ -92,7 +93,7 @@ def save_quantized(model: torch.nn.Module, tokenizer: Any, folder: str | os.Path
 def _model_class(config: Any):
     from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, EncoderDecoderModel
 
-    if config.model_type == "encoder-decoder":
+    if config.model_type == ENCODER_DECODER_TYPE:
         return EncoderDecoderModel
     if getattr(config, "is_encoder_decoder", False):
         return AutoModelForSeq2SeqLM

@@ -27,13 +27,11 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from modelshrink.errors import UserError
+from modelshrink.families import CLASSIFIER_TYPES, KEY_VALUE, is_attention_projection
 from modelshrink.quant.quantizers import fake_quantize, fake_quantize_activation
 
 ATTENTION_IMPLEMENTATION = "modelshrink_quant"
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
-# key and value projections beside each family's query projection
-KEY_VALUE = {"q_proj": ("k_proj", "v_proj"), "q": ("k", "v"), "query": ("key", "value")}
-CLASSIFIER_TYPES = ("bert", "roberta", "distilbert", "electra", "xlm-roberta")
 
 
 @dataclass(frozen=True)
@@ -164,8 +162,7 @@ def quantize_model(model: nn.Module, spec: QuantSpec, weights: bool = True) -> d
                                                       FakeQuant(spec.weight_bits, spec.granularity == "row"))
         counts["lm_head" if module is head else "linear"] += 1
         module.register_forward_pre_hook(_quantize_input(spec.activation_bits))
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf in KEY_VALUE or any(leaf in kv for kv in KEY_VALUE.values()):
+        if is_attention_projection(name):
             module.register_forward_hook(_quantize_output(spec.activation_bits))
             counts["qkv_outputs"] += 1
     for module in model.modules():

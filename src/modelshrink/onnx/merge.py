@@ -1,0 +1,150 @@
+"""Rewrites that store a weight once: the two decoders merged into one graph, a tied output projection
+kept as a Transpose of the embedding table.
+
+Both find equal initializers by value, not by name: the exporter names and constant-folds each graph
+separately, so the same weight can carry two names (and a tied projection is folded to its own transpose).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from modelshrink.errors import UserError
+from modelshrink.runtime.files import DECODER, DECODER_MERGED, DECODER_WITH_PAST
+
+
+def _digest(value: np.ndarray) -> str:
+    """What two initializers share when they hold the same values (names differ between exported graphs)."""
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
+
+
+def merge_decoders(folder: Path) -> dict[str, int]:
+    """decoder_model.onnx + decoder_with_past_model.onnx -> decoder_model_merged.onnx, weights stored once.
+
+    The merged graph takes every input of both (and `use_cache_branch`, a bool [1]) and holds one If
+    node: its then-branch is the decoder with past, its else-branch the first step; both read the
+    initializers of the outer graph, found equal by value (the exporter names and constant-folds the
+    two graphs separately, so the same weight can carry two names). In the with-past branch the
+    cross-attention outputs, which never change after the first step, are empty tensors: the caller
+    keeps the first step's. The two graphs are removed afterwards. Works on float and on int8 graphs
+    (dynamic quantization of a weight is deterministic, so both graphs hold the same int8 copy)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    models = {"first": onnx.load(str(folder / DECODER)), "past": onnx.load(str(folder / DECODER_WITH_PAST))}
+    shared: dict[str, Any] = {}
+    by_value: dict[tuple, str] = {}
+    total = 0
+    renamed: dict[str, dict[str, str]] = {}
+    for tag, model in models.items():
+        mapping = renamed[tag] = {}
+        for init in model.graph.initializer:
+            total += 1
+            key = (init.data_type, tuple(init.dims), _digest(numpy_helper.to_array(init)))
+            name = by_value.get(key)
+            if name is None:
+                name = init.name if init.name not in shared else f"{tag}/{init.name}"
+                copy = onnx.TensorProto()
+                copy.CopyFrom(init)
+                copy.name = name
+                shared[name], by_value[key] = copy, name
+            mapping[init.name] = name
+    outer = {i.name: i for tag in ("past", "first") for i in models[tag].graph.input}  # first's input_ids: any length
+
+    def branch(tag: str, extra_outputs: list[str]) -> Any:
+        graph, mapping = models[tag].graph, renamed[tag]
+
+        def rename(name: str) -> str:
+            return name if not name or name in outer else mapping.get(name, f"{tag}/{name}")
+
+        nodes = []
+        for node in graph.node:
+            if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+                raise UserError(f"cannot merge decoders: {node.op_type} node with a subgraph in {tag}")
+            new = onnx.NodeProto()
+            new.CopyFrom(node)
+            new.name = f"{tag}/{node.name}"
+            del new.input[:], new.output[:]
+            new.input.extend(rename(n) for n in node.input)
+            new.output.extend(rename(n) for n in node.output)
+            nodes.append(new)
+        outputs = {o.name: o for o in graph.output}
+        for name in extra_outputs:  # an empty float tensor of the output's rank
+            reference = next(o for o in models["first"].graph.output if o.name == name)
+            rank = len(reference.type.tensor_type.shape.dim)
+            empty = numpy_helper.from_array(np.zeros((0,) * rank, dtype=np.float32), f"{tag}/{name}")
+            nodes.append(helper.make_node("Constant", [], [f"{tag}/{name}"], name=f"{tag}/{name}/empty", value=empty))
+            outputs[name] = reference
+        order = [o.name for o in models["first"].graph.output]
+        values = []
+        for name in order:
+            source = outputs[name]
+            info = onnx.ValueInfoProto()
+            info.name = rename(name) if name in {o.name for o in graph.output} else f"{tag}/{name}"
+            info.type.tensor_type.elem_type = source.type.tensor_type.elem_type
+            values.append(info)
+        return helper.make_graph(nodes, f"decoder_{tag}", [], values)
+
+    first_outputs = [o.name for o in models["first"].graph.output]
+    past_outputs = {o.name for o in models["past"].graph.output}
+    then_branch = branch("past", [n for n in first_outputs if n not in past_outputs])
+    else_branch = branch("first", [])
+    inputs = [outer[name] for name in dict.fromkeys(
+        [i.name for i in models["first"].graph.input] + [i.name for i in models["past"].graph.input])]
+    flag = helper.make_tensor_value_info("use_cache_branch", onnx.TensorProto.BOOL, [1])
+    outputs = []
+    for o in models["first"].graph.output:
+        info = onnx.ValueInfoProto()
+        info.name = o.name
+        info.type.tensor_type.elem_type = o.type.tensor_type.elem_type
+        outputs.append(info)
+    node = helper.make_node("If", ["use_cache_branch"], first_outputs, name="use_cache_branch_if",
+                            then_branch=then_branch, else_branch=else_branch)
+    graph = helper.make_graph([node], "decoder_merged", [*inputs, flag], outputs, initializer=list(shared.values()))
+    first = models["first"]
+    merged = helper.make_model(graph, opset_imports=list(first.opset_import), producer_name="modelshrink",
+                               ir_version=first.ir_version)
+    onnx.save(merged, str(folder / DECODER_MERGED))
+    (folder / DECODER).unlink()
+    (folder / DECODER_WITH_PAST).unlink()
+    return {"initializers": total, "shared": total - len(shared)}
+
+
+def store_tied_once(path: Path) -> dict[str, int]:
+    """A float matrix that is the transpose of another initializer (a tied output projection: the exporter
+    constant-folds lm_head's weight.T next to the embedding table it is tied to) becomes a Transpose node
+    of that initializer, which onnxruntime folds back into a constant when it loads the graph: the file
+    holds the table once. Float graphs only: `--int8` needs the matmul weight as an initializer."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    matrices = {i.name: numpy_helper.to_array(i) for i in graph.initializer
+                if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2 and i.dims[0] * i.dims[1] >= 256}
+    by_value = {(value.shape, _digest(value)): name for name, value in matrices.items()}
+    found = {}
+    for name, value in matrices.items():
+        source = by_value.get((value.shape[::-1], _digest(value.T)))
+        if source is not None and source != name and source not in found:
+            found[name] = source
+    if not found:
+        return {"tied": 0, "bytes_saved": 0}
+    saved = 0
+    kept = []
+    for init in graph.initializer:
+        if init.name in found:
+            saved += int(np.prod(init.dims)) * 4
+        else:
+            kept.append(init)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    for name, source in found.items():
+        graph.node.insert(0, helper.make_node("Transpose", [source], [name], name=f"{name}/tied", perm=[1, 0]))
+    onnx.save(model, str(path))
+    return {"tied": len(found), "bytes_saved": saved}

@@ -1,0 +1,127 @@
+"""The lifecycle of a step that trains, as plain functions beside `ArtifactWriter`.
+
+Every training step (distill, quantize, contrastive) reads the same way:
+
+    if finished(output, overwrite=..., resume=..., log=log): return output
+    accelerator, writer = start_run(output, device, overwrite=..., resume=...)
+    ... build the model(s) ...
+    staging = open_run(accelerator, writer, options.recorded(), parents)
+    result = train(...)
+    keep_best(staging, result, save_final)
+    write_validation(staging, result, metric)
+    card += reproduce_section(options, output, parents)
+    writer.commit(...)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+# A resumed run may extend its budget or change how often it logs, validates and saves.
+MAY_CHANGE_ON_RESUME = ("max_steps", "epochs", "eval_every", "save_every", "log_every", "device", "early_stopping")
+
+
+def finished(output: str | Path, *, overwrite: bool, resume: bool, log: Callable[[str], None]) -> bool:
+    """Whether `--resume` was asked of an output that is already complete (then the step does nothing)."""
+    from modelshrink.artifacts import read_manifest
+
+    if resume and not overwrite and read_manifest(output) is not None:
+        log(f"{output} is already complete; nothing to resume")
+        return True
+    return False
+
+
+def parent_refs(*roles: tuple[str, str | None]) -> list[dict[str, Any]]:
+    """The manifest's parents: one reference per (role, path or hub name) that was given."""
+    from modelshrink.artifacts import parent_ref
+
+    return [parent_ref(role, spec) for role, spec in roles if spec]
+
+
+def start_run(output: Path, device: str, *, overwrite: bool, resume: bool) -> tuple[Any, Any]:
+    """The accelerator and the artifact writer of a step that trains, once every process has
+    checked the output (before the main one creates the staging folder)."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    from modelshrink.artifacts import ArtifactWriter
+
+    # Unused parameters (the BERT pooler of a bert2bert) would stop DDP without find_unused_parameters.
+    accelerator = Accelerator(cpu=device == "cpu",
+                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    writer = ArtifactWriter(output, overwrite=overwrite, resume=resume, keep_on_failure=True)
+    writer.check()
+    accelerator.wait_for_everyone()
+    return accelerator, writer
+
+
+def open_run(accelerator: Any, writer: Any, recorded: dict[str, Any], parents: list[dict[str, Any]]) -> Path:
+    """Create (or, resuming, check) the staging folder on the main process; every process gets its path."""
+    from modelshrink.artifacts import pin_run
+
+    if accelerator.is_main_process:
+        writer.open()
+        pin_run(writer.staging, recorded, parents, may_change=MAY_CHANGE_ON_RESUME)
+    accelerator.wait_for_everyone()
+    return writer.staging
+
+
+def keep_best(workdir: Path, result: Any, save_final: Callable[[Path], None]) -> None:
+    """Leave in `workdir` the weights to publish: the best validated ones where validation saved
+    some, else the final ones (`save_final(folder)`); then drop the training leftovers."""
+    from modelshrink.artifacts import RUN_FILE
+
+    best = workdir / "best"
+    if result is not None and result.best is not None and best.is_dir():
+        for f in best.iterdir():
+            shutil.move(str(f), workdir / f.name)
+    else:
+        save_final(workdir)
+    for leftover in ("best", "checkpoints"):
+        shutil.rmtree(workdir / leftover, ignore_errors=True)
+    (workdir / RUN_FILE).unlink(missing_ok=True)
+
+
+def save_best_with(save: Callable[[Any, Path], None]) -> Callable[[Any, Path], None]:
+    """The loop's `save_best`: replace `folder` with the model as `save(model, folder)` writes it."""
+    def save_best(model: Any, folder: Path) -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+        save(model, folder)
+
+    return save_best
+
+
+def write_validation(folder: Path, result: Any, metric: str) -> dict[str, Any] | None:
+    """`validation.json`, one schema for every step: {"step": best step, "metric": the metric that
+    chose it, then every validation metric at that step}. Returns what it wrote (None without validation)."""
+    if result is None or result.best is None or result.validation is None:
+        return None
+    record = {"step": result.best["step"], "metric": metric, **result.validation}
+    (folder / "validation.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def training_metrics(result: Any) -> dict[str, Any]:
+    """What a manifest records of a training run."""
+    metrics = {"steps": result.steps, "epochs": result.epochs, "train_tokens": result.train_tokens,
+               "train_seconds": result.seconds, "tokens_per_second": result.tokens_per_second,
+               "final_loss": result.final_loss}
+    if result.best is not None and result.validation is not None:
+        metrics["validation"] = {"step": result.best["step"], **result.validation}
+    return metrics
+
+
+def reproduce_section(options: Any, output: str | Path, parents: list[dict[str, Any]] | None = None,
+                      always: tuple[str, ...] = ()) -> list[str]:
+    """A model card's closing lines: the command that repeats this run (its own step), then where
+    its inputs came from."""
+    lines = ["", "## Reproduce", "", "```bash", options.replay(output, always=always), "```"]
+    if parents:
+        lines += ["", "## Lineage", ""]
+        for p in parents:
+            pin = p.get("manifest_sha256") or p.get("sha256")
+            lines.append(f"- {p['role']}: `{p.get('path') or p.get('hub')}`" + (f" (sha256 {pin[:12]}…)" if pin else ""))
+    return lines

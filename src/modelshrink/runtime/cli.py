@@ -1,0 +1,84 @@
+"""The runtime's command line, torch-free: `python -m modelshrink.runtime DIR --input docs.jsonl`.
+
+`modelshrink run` is this same command line (it forwards its arguments to `main`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+from .columns import ID_COLUMNS, pick_columns
+from .errors import UserError
+from .jsonl import read_jsonl
+
+DESCRIPTION = ('Summarize or classify JSON lines with an export folder (from modelshrink export); one '
+               '{"id", "prediction"} per line on stdout. Imports no torch.')
+EPILOG = """\
+examples:
+  %(prog)s runs/student-onnx --input docs.jsonl > summaries.jsonl
+  %(prog)s runs/student-onnx --input docs.jsonl --num-beams 1 --limit 5
+
+Exit codes: 1 for a bad input (one line `Error: ...` on stderr), 2 for a bad command line.
+"""
+
+
+def read_rows(path: str, column: str | None) -> tuple[list[dict[str, Any]], str]:
+    """The rows of a JSON-lines file (.gz too) and its text column (named, or found as every step finds it)."""
+    if not Path(path).is_file():
+        raise UserError(f"input {path} does not exist")
+    rows = list(read_jsonl(path))
+    if not rows:
+        raise UserError(f"{path} has no rows")
+    column, _ = pick_columns(list(rows[0]), column, source=path, text_option="--column")
+    missing = next((number for number, row in enumerate(rows, start=1) if column not in row), None)
+    if missing is not None:
+        raise UserError(f"{path}: row {missing} has no column '{column}'")
+    return rows, column
+
+
+def run_file(folder: str, input_path: str, column: str | None = None, limit: int | None = None,
+             batch_size: int = 16, **overrides: Any) -> Iterable[dict[str, Any]]:
+    """Rows {id, prediction} for a JSON-lines file, in input order."""
+    from .model import load
+
+    model = load(folder)
+    rows, column = read_rows(input_path, column)
+    rows = rows[:limit] if limit else rows
+    texts = [str(r[column]) for r in rows]
+    predictions = model.summarize(texts, batch_size, **overrides) if model.task == "summarization" \
+        else model.classify(texts, batch_size=batch_size)
+    for index, (row, prediction) in enumerate(zip(rows, predictions)):
+        ident = next((row[c] for c in ID_COLUMNS if c in row), index)
+        yield {"id": str(ident), "prediction": prediction}
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m modelshrink.runtime") -> int:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder", help="An export folder (from modelshrink export).")
+    parser.add_argument("--input", "-i", required=True, help="JSON lines with a document (or text) column; .gz too.")
+    parser.add_argument("--column", default=None, help="The text column. [default: found by name: document, "
+                                                        "article, dialogue, text, sentence, ...]")
+    parser.add_argument("--limit", type=int, default=None, help="Only the first N rows.")
+    parser.add_argument("--batch-size", type=int, default=16, help="Documents per batch.")
+    parser.add_argument("--num-beams", type=int, default=None, help="Beam size. [default: the generation config's]")
+    parser.add_argument("--max-length", type=int, default=None, help="Maximum summary length in tokens.")
+    if argv is None:
+        argv = sys.argv[1:]
+    if not argv:
+        parser.print_help()
+        return 2
+    args = parser.parse_args(argv)
+    try:
+        for row in run_file(args.folder, args.input, args.column, args.limit, args.batch_size,
+                            num_beams=args.num_beams, max_length=args.max_length):
+            print(json.dumps(row, ensure_ascii=False))
+    except (UserError, OSError, UnicodeDecodeError) as e:
+        print("Error: " + " ".join(str(e).split()), file=sys.stderr)
+        return 1
+    return 0

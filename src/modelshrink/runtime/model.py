@@ -1,0 +1,263 @@
+"""An export folder in onnxruntime sessions: text in and out, the decoder's steps, classification.
+
+onnxruntime and tokenizers are imported when a folder is loaded, not when this module is, so that
+`modelshrink.errors` can import the runtime's error type cheaply. A folder that cannot be loaded (a file
+missing, truncated or unreadable) is a `UserError` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import UserError
+from .files import CLASSIFIER, DECODER, DECODER_MERGED, DECODER_WITH_PAST, DEQUANTIZED, ENCODER, SEARCH_OPS, is_export
+from .search import beam_search, candidates, greedy
+from .settings import Search, search_from_configs
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON file of the folder ({} when absent)."""
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read {path}: {_first_line(e)}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path} holds a JSON {type(value).__name__}, expected an object")
+    return value
+
+
+def _tokenizer(path: Path) -> Any:
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises plain Exception for a file it cannot parse
+        raise UserError(f"{path} is not a tokenizer that tokenizers can load: {_first_line(e)}") from None
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+class ExportedModel:
+    """An export folder loaded into onnxruntime sessions."""
+
+    def __init__(self, folder: str | os.PathLike, threads: int | None = None, spin: bool = False):
+        import onnxruntime as ort
+
+        self.folder = Path(folder)
+        if not is_export(self.folder):
+            raise UserError(f"{folder} is not an export folder (no {ENCODER} or {CLASSIFIER}); "
+                            "write one with modelshrink export")
+        if not (self.folder / "config.json").is_file():
+            raise UserError(f"{folder} is not an export folder (no config.json)")
+        self.config = _read_json(self.folder / "config.json")
+        self.generation = _read_json(self.folder / "generation_config.json")
+        if not (self.folder / "tokenizer.json").is_file():
+            raise UserError(f"{folder} has no tokenizer.json")
+        self.tokenizer = _tokenizer(self.folder / "tokenizer.json")
+        self.tokenizer_config = _read_json(self.folder / "tokenizer_config.json")
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
+        options.log_severity_level = 3
+        if not spin:
+            # onnxruntime's worker threads spin after every run by default, waiting for more work; here the
+            # encoder, decoder and search-ops sessions (each with its own threads) and numpy take turns on
+            # the same cores, so spinning threads slow whichever runs next: without spinning a 6-2 MiniLM
+            # student summarized 1.8x faster at batch 1 and 1.5x at batch 16 on 2 cores (int8)
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # what the export recorded for the runtime (weights, parameters); the manifest once committed
+        self.resolved = _read_json(self.folder / "modelshrink.json").get("resolved", {})
+        if self.resolved.get("weights") == DEQUANTIZED:
+            # onnxruntime would fuse DequantizeLinear + MatMul into an integer matmul that also quantizes the
+            # activations, which is not what the quantized model computes; keep the float matmul
+            options.add_session_config_entry("session.disable_quant_qdq", "1")
+
+        def session(name: str) -> Any:
+            path = self.folder / name
+            if not path.is_file():
+                raise UserError(f"{folder} has no {name}; the export is incomplete")
+            try:
+                return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            except Exception as e:  # onnxruntime's errors (InvalidProtobuf, Fail, ...) share no base class
+                raise UserError(f"{path} cannot be loaded by onnxruntime (damaged or truncated?): "
+                                f"{_first_line(e)}") from None
+
+        if (self.folder / ENCODER).is_file():
+            self.task = "summarization"
+            self.encoder = session(ENCODER)
+            self.merged = (self.folder / DECODER_MERGED).is_file()
+            if self.merged:  # one graph: an If on use_cache_branch between the two decoders
+                self.decoder = self.decoder_with_past = session(DECODER_MERGED)
+            else:
+                self.decoder, self.decoder_with_past = session(DECODER), session(DECODER_WITH_PAST)
+            inputs = {i.name: i.shape for i in self.decoder_with_past.get_inputs()}
+            self.past_names = [n for n in inputs if n.startswith("past")]
+            # the static axes (heads, head size, width) of the inputs that a merged decoder's other branch ignores
+            self._static = {n: [d if isinstance(d, int) else 0 for d in shape] for n, shape in inputs.items()}
+            self.output_names = {"first": [o.name for o in self.decoder.get_outputs()],
+                                 "past": [o.name for o in self.decoder_with_past.get_outputs()]}
+            self.search = search_from_configs(self.config, self.generation)
+            self.search_ops = session(SEARCH_OPS) if (self.folder / SEARCH_OPS).is_file() else None
+        elif (self.folder / CLASSIFIER).is_file():
+            self.classifier = session(CLASSIFIER)
+            self.classifier_inputs = {i.name for i in self.classifier.get_inputs()}
+            self.task = "classification"
+        else:
+            raise UserError(f"{folder} holds neither {ENCODER} nor {CLASSIFIER}; the export is incomplete")
+
+    # ------------------------------------------------------------ text in and out
+
+    @property
+    def max_source_length(self) -> int:
+        limit = self.tokenizer_config.get("model_max_length")
+        if isinstance(limit, (int, float)) and limit < 100_000:
+            return int(limit)
+        for holder in (self.config, self.config.get("encoder", {})):
+            if holder.get("max_position_embeddings"):
+                return int(holder["max_position_embeddings"])
+        return 1024
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer_config.get("pad_token")
+        found = self.tokenizer.token_to_id(pad) if isinstance(pad, str) else None
+        return found if found is not None else int(self.config.get("pad_token_id") or 0)
+
+    def encode(self, texts: list[str], pairs: list[str] | None = None,
+               max_length: int | None = None) -> dict[str, np.ndarray]:
+        self.tokenizer.enable_truncation(max_length or self.max_source_length)
+        encoded = self.tokenizer.encode_batch(list(zip(texts, pairs)) if pairs else texts)
+        width = max(len(e.ids) for e in encoded)
+        ids = np.full((len(encoded), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(encoded), width), dtype=np.int64)
+        types = np.zeros((len(encoded), width), dtype=np.int64)
+        for row, e in enumerate(encoded):  # right padding, as transformers' tokenizers for these models
+            ids[row, :len(e.ids)], mask[row, :len(e.ids)], types[row, :len(e.ids)] = e.ids, 1, e.type_ids
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+    def decode(self, ids: np.ndarray) -> list[str]:
+        texts = self.tokenizer.decode_batch([row.tolist() for row in ids], skip_special_tokens=True)
+        if self.tokenizer_config.get("clean_up_tokenization_spaces"):
+            texts = [_clean_up(t) for t in texts]
+        return [t.strip() for t in texts]
+
+    # ------------------------------------------------------------ summarization
+
+    def settings(self, **overrides: Any) -> Search:
+        return replace(self.search, **{k: v for k, v in overrides.items() if v is not None})
+
+    def summarize(self, documents: list[str], batch_size: int = 16, max_source_length: int | None = None,
+                  **overrides: Any) -> list[str]:
+        settings = self.settings(**overrides)
+        out: list[str] = []
+        for start in range(0, len(documents), batch_size):
+            enc = self.encode(documents[start:start + batch_size], max_length=max_source_length)
+            out += self.decode(self.generate_ids(enc["input_ids"], enc["attention_mask"], settings))
+        return out
+
+    def _encoder(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        return self.encoder.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})[0]
+
+    def _empty(self, name: str, batch: int) -> np.ndarray:
+        shape = list(self._static[name])
+        shape[0] = batch  # every other dynamic axis (source, past length) empty
+        return np.zeros(shape, dtype=np.float32)
+
+    def run_decoder(self, feed: dict[str, np.ndarray], with_past: bool) -> dict[str, np.ndarray]:
+        """One decoder call, first step or with past (feed: that graph's inputs); every output by name.
+        With a merged decoder, the inputs only the other branch reads are fed empty."""
+        if not self.merged:
+            session = self.decoder_with_past if with_past else self.decoder
+            return dict(zip(self.output_names["past" if with_past else "first"], session.run(None, feed)))
+        feed = dict(feed, use_cache_branch=np.array([with_past]))
+        batch = feed["input_ids"].shape[0]
+        for name in self._static:
+            if name not in feed:
+                feed[name] = self._empty(name, batch)
+        out = dict(zip(self.output_names["first"], self.decoder.run(None, feed)))
+        return {n: v for n, v in out.items() if not (with_past and ".encoder." in n)}  # empty in that branch
+
+    def _first_step(self, tokens: np.ndarray, hidden: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, dict]:
+        out = self.run_decoder({"input_ids": tokens, "encoder_attention_mask": mask, "encoder_hidden_states": hidden},
+                               with_past=False)
+        logits = out.pop("logits")
+        return logits[:, -1, :], {n.replace("present", "past_key_values"): v for n, v in out.items()}
+
+    def _next_step(self, tokens: np.ndarray, mask: np.ndarray, past: dict) -> tuple[np.ndarray, dict]:
+        feed = {"input_ids": tokens, "encoder_attention_mask": mask, **{n: past[n] for n in self.past_names}}
+        out = self.run_decoder(feed, with_past=True)
+        logits = out.pop("logits")
+        new = dict(past)  # cross-attention keys and values do not change after the first step
+        new.update({n.replace("present", "past_key_values"): v for n, v in out.items()})
+        return logits[:, -1, :], new
+
+    def generate_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, settings: Search | None = None) -> np.ndarray:
+        """Token ids [batch, length] starting with the decoder start token, as `model.generate` returns them."""
+        settings = settings or self.search
+        hidden = self._encoder(input_ids, attention_mask)
+        if settings.num_beams > 1:
+            return beam_search(self._first_step, self._next_step, self.search_ops, hidden, attention_mask, settings)
+        return greedy(self._first_step, self._next_step, hidden, attention_mask, settings)
+
+    def _candidates(self, logits: np.ndarray, flat: np.ndarray, running_scores: np.ndarray, keep: int,
+                    s: Search) -> tuple[np.ndarray, np.ndarray]:
+        """Beam search's ranking of one step with this folder's search_ops session (see search.candidates)."""
+        return candidates(self.search_ops, logits, flat, running_scores, keep, s)
+
+    def parameter_count(self) -> int:
+        """Values held by the graphs' initializers, as `modelshrink export` counted them (modelshrink.json).
+        A folder written before the export recorded the count is counted here, which needs the onnx package."""
+        if "parameters" in self.resolved:
+            return int(self.resolved["parameters"])
+        import onnx  # only for such older folders: the runtime's own dependencies do not include it
+
+        names = [ENCODER, DECODER_MERGED if self.merged else DECODER] if self.task == "summarization" \
+            else [CLASSIFIER]
+        total = 0
+        for name in names:
+            for init in onnx.load(str(self.folder / name), load_external_data=False).graph.initializer:
+                total += int(np.prod(init.dims)) if len(init.dims) else 1
+        return total
+
+    # ------------------------------------------------------------ classification
+
+    def logits(self, texts: list[str], pairs: list[str] | None = None, max_length: int | None = None) -> np.ndarray:
+        enc = self.encode(texts, pairs, max_length)
+        return self.classifier.run(None, {k: v for k, v in enc.items() if k in self.classifier_inputs})[0]
+
+    def classify(self, texts: list[str], pairs: list[str] | None = None, batch_size: int = 32) -> list[Any]:
+        """Class ids, or values for a one-output (regression) head, as `modelshrink.classify.predict`."""
+        out: list[Any] = []
+        for start in range(0, len(texts), batch_size):
+            logits = self.logits(texts[start:start + batch_size],
+                                 pairs[start:start + batch_size] if pairs else None)
+            out += [float(x) for x in logits[:, 0]] if logits.shape[-1] == 1 else [int(x) for x in logits.argmax(-1)]
+        return out
+
+
+def _clean_up(text: str) -> str:
+    # transformers' clean_up_tokenization: spaces that WordPiece-style decoders leave before punctuation
+    for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                          (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        text = text.replace(before, after)
+    return text
+
+
+def load(folder: str | os.PathLike, threads: int | None = None, spin: bool = False) -> ExportedModel:
+    """An export folder in onnxruntime sessions with `threads` intra-op threads each (default: the usable
+    cores); `spin=True` lets their threads busy-wait between runs (onnxruntime's default, slower here)."""
+    return ExportedModel(folder, threads, spin)

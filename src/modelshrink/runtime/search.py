@@ -1,0 +1,185 @@
+"""Greedy and beam search in numpy over a decoder's steps, token for token as transformers' `generate`.
+
+The search knows nothing of sessions: `first_step(tokens, hidden, mask)` and `next_step(tokens, mask, past)`
+return (logits of the last position [rows, vocab], past keys and values by name), and `search_ops` (or None)
+is the onnxruntime session of search_ops.onnx.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .processors import bans, forced, process
+from .settings import Search
+
+NEG = np.float32(-1.0e9)
+FirstStep = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, dict]]
+NextStep = Callable[[np.ndarray, np.ndarray, dict], tuple[np.ndarray, dict]]
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max(axis=-1, keepdims=True)
+    shifted -= np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # in place: [rows, vocab] is the big array
+    return shifted
+
+
+def topk(x: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest per row, largest first (ties: lower index first, as torch.topk on CPU).
+
+    A full stable sort of beam search's [batch, beams x vocab] scores took half of a step's time; the
+    partition finds the k-th value, and only the entries at or above it (ties included) are sorted."""
+    if k >= x.shape[-1] or x.shape[-1] <= 256:
+        return np.argsort(-x, axis=-1, kind="stable")[:, :k]
+    kth = -np.partition(-x, k - 1, axis=-1)[:, k - 1]
+    out = np.empty((x.shape[0], k), dtype=np.int64)
+    for row in range(x.shape[0]):
+        above = np.flatnonzero(x[row] >= kth[row])  # ascending, so the stable sort keeps lower indices first
+        out[row] = above[np.argsort(-x[row, above], kind="stable")[:k]]
+    return out
+
+
+def take(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    while idx.ndim < x.ndim:
+        idx = idx[..., None]
+    return np.take_along_axis(x, idx, axis=1)
+
+
+def greedy(first_step: FirstStep, next_step: NextStep, hidden: np.ndarray, mask: np.ndarray, s: Search) -> np.ndarray:
+    """Token ids [batch, length] of greedy search, as `model.generate` returns them."""
+    batch = hidden.shape[0]
+    pad = s.pad_token_id if s.pad_token_id is not None else (s.eos_token_id[0] if s.eos_token_id else 0)
+    out = np.full((batch, max(s.max_length, 1)), pad, dtype=np.int64)  # finished rows: padded, as generate does
+    ids = np.arange(batch)  # the rows still generating (a finished row leaves the batch)
+    sequences = np.full((batch, 1), s.decoder_start_token_id, dtype=np.int64)
+    logits, past = first_step(sequences, hidden, mask)
+    while True:
+        tokens = process(logits.astype(np.float32), sequences, s).argmax(-1)
+        sequences = np.concatenate([sequences, tokens[:, None]], axis=1)
+        length = sequences.shape[1]
+        ended = np.isin(tokens, s.eos_token_id) if s.eos_token_id else np.zeros(len(tokens), dtype=bool)
+        if ended.all() or length >= s.max_length:
+            out[ids, :length] = sequences
+            return out[:, :length]
+        if ended.any():
+            out[ids[ended], :length] = sequences[ended]
+            alive = np.flatnonzero(~ended)
+            ids, sequences, tokens, mask = ids[alive], sequences[alive], tokens[alive], mask[alive]
+            past = {n: v[alive] for n, v in past.items()}
+        logits, past = next_step(tokens[:, None], mask, past)
+
+
+def beam_search(first_step: FirstStep, next_step: NextStep, search_ops: Any, hidden: np.ndarray, mask: np.ndarray,
+                s: Search) -> np.ndarray:
+    """Token ids [batch, length] of beam search, as `model.generate` returns them."""
+    # A transcription of transformers' GenerationMixin._beam_search (v5) in numpy, float32 throughout.
+    batch, beams, length = hidden.shape[0], s.num_beams, s.max_length
+    keep = max(2, 1 + len(s.eos_token_id)) * beams
+    top_mask = np.arange(keep) < beams
+    fill = (s.pad_token_id or s.eos_token_id[0]) if s.eos_token_id else -1
+    running = np.full((batch, beams, length), fill, dtype=np.int64)
+    running[:, :, 0] = s.decoder_start_token_id
+    ids = np.arange(batch)  # the original position of each document still in the batch
+    done: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # document -> (best sequence, its beam indices)
+    sequences = running.copy()
+    running_scores = np.zeros((batch, beams), dtype=np.float32)
+    running_scores[:, 1:] = NEG
+    scores_done = np.full((batch, beams), NEG, dtype=np.float32)
+    finished = np.zeros((batch, beams), dtype=bool)
+    improvable = np.ones((batch, 1), dtype=bool)
+    running_idx = np.full((batch, beams, length - 1), -1, dtype=np.int64)
+    beam_idx_done = running_idx.copy()
+    hidden, mask = np.repeat(hidden, beams, axis=0), np.repeat(mask, beams, axis=0)
+    cur = 1
+    logits, past = first_step(running[:, :, :1].reshape(batch * beams, 1), hidden, mask)
+    while True:
+        flat = running[:, :, :cur].reshape(batch * beams, cur)
+        vocab = logits.shape[-1]
+        top_scores, top = candidates(search_ops, logits.astype(np.float32, copy=False), flat, running_scores, keep, s)
+        from_beam, tokens = top // vocab, top % vocab
+        top_idx = take(running_idx, from_beam)
+        top_seq = take(running, from_beam)
+        top_seq[:, :, cur] = tokens
+        top_idx[:, :, cur - 1] = from_beam + np.arange(batch)[:, None] * beams
+        hits = np.isin(tokens, s.eos_token_id) | (cur + 1 >= length)
+        # the best unfinished continuations run on
+        alive_scores = top_scores + hits.astype(np.float32) * NEG
+        nxt = topk(alive_scores, beams)
+        running, running_scores, running_idx = take(top_seq, nxt), take(alive_scores, nxt), take(top_idx, nxt)
+        # finished continuations among the top `beams` enter the finished set if they beat it
+        just_done = hits & top_mask[None, :]
+        done_scores = top_scores / np.float32((cur + 1 - 1) ** s.length_penalty)
+        full = finished.all(axis=-1, keepdims=True) & (s.early_stopping is True)
+        done_scores = done_scores + full.astype(np.float32) * NEG
+        done_scores = done_scores + (~improvable).astype(np.float32) * NEG
+        done_scores = done_scores + (~just_done).astype(np.float32) * NEG
+        merged_scores = np.concatenate([scores_done, done_scores], axis=1)
+        best = topk(merged_scores, beams)
+        sequences = take(np.concatenate([sequences, top_seq], axis=1), best)
+        scores_done = take(merged_scores, best)
+        beam_idx_done = take(np.concatenate([beam_idx_done, top_idx], axis=1), best)
+        finished = take(np.concatenate([finished, just_done], axis=1), best)
+        reorder = running_idx[:, :, cur - 1].reshape(-1)
+        cur += 1
+        hypothetical = length - 1 if s.early_stopping == "never" and s.length_penalty > 0 else cur - 1
+        best_running = running_scores[:, :1] / np.float32(hypothetical ** s.length_penalty)
+        worst_done = np.where(finished, scores_done.min(axis=1, keepdims=True), np.float32(-1.0e9))
+        improvable = improvable & (best_running > worst_done).any(axis=-1, keepdims=True)
+        go_on = improvable.any() and not (finished.all() and s.early_stopping is True) and not hits.all()
+        if not go_on:
+            break
+        past = {n: (v[reorder] if ".decoder." in n else v) for n, v in past.items()}
+        if not improvable.all():
+            # A document that cannot improve keeps its finished hypotheses from here on (transformers goes on
+            # computing its beams, whose results are then masked out): it leaves the batch, so the decoder
+            # runs only on documents still searching. Only the step's own row numbers (`reorder`) refer to
+            # positions in the batch, and they were used just above.
+            alive = np.flatnonzero(improvable[:, 0])
+            for b in np.flatnonzero(~improvable[:, 0]):
+                done[ids[b]] = (sequences[b, 0], beam_idx_done[b, 0])
+            ids = ids[alive]
+            running, running_scores, running_idx = running[alive], running_scores[alive], running_idx[alive]
+            sequences, scores_done, beam_idx_done = sequences[alive], scores_done[alive], beam_idx_done[alive]
+            finished, improvable = finished[alive], improvable[alive]
+            rows = (alive[:, None] * beams + np.arange(beams)[None, :]).reshape(-1)
+            mask = mask[rows]
+            past = {n: v[rows] for n, v in past.items()}
+            batch = alive.size
+        tokens_in = running[:, :, cur - 1].reshape(-1, 1)
+        logits, past = next_step(tokens_in, mask, past)
+    for b, doc in enumerate(ids):
+        done[doc] = (sequences[b, 0], beam_idx_done[b, 0])
+    best_seq = np.stack([done[d][0] for d in range(len(done))])
+    best_idx = np.stack([done[d][1] for d in range(len(done))])
+    generated = int((best_idx + 1 != 0).sum(axis=1).max())
+    return best_seq[:, :1 + generated]
+
+
+def candidates(search_ops: Any, logits: np.ndarray, flat: np.ndarray, running_scores: np.ndarray, keep: int,
+               s: Search) -> tuple[np.ndarray, np.ndarray]:
+    """Beam search's `keep` best continuations per document: scores and indices into [beams x vocab],
+    best first, ties to the lower index (as torch.topk on the whole row).
+
+    With search_ops.onnx, onnxruntime computes the log-softmax and each beam's top k + (banned tokens
+    of that step) in multi-threaded kernels, and numpy ranks only those candidates: adding a beam's
+    running score keeps the order inside the beam, so the overall best are among each beam's best.
+    Steps that force a token, and folders without the file, take the whole [beams x vocab] row."""
+    batch, beams = running_scores.shape
+    rows, vocab = logits.shape
+    if search_ops is None or forced(flat.shape[1], s):
+        log_probs = process(log_softmax(logits), flat, s)
+        log_probs = (log_probs.reshape(batch, beams, vocab) + running_scores[:, :, None]).reshape(batch, -1)
+        top = topk(log_probs, keep)
+        return np.take_along_axis(log_probs, top, axis=1), top
+    ban_rows, ban_tokens = bans(flat, s)
+    extra = int(np.bincount(ban_rows, minlength=rows).max()) if ban_rows.size else 0
+    k = min(keep + extra, vocab)
+    values, indices = search_ops.run(None, {"logits": logits, "k": np.array([k], dtype=np.int64)})
+    if ban_rows.size:
+        found = indices + (np.arange(rows, dtype=np.int64) * vocab)[:, None]
+        values = np.where(np.isin(found, ban_rows * vocab + ban_tokens), np.float32(-np.inf), values)
+    scores = (values.reshape(batch, beams, k) + running_scores[:, :, None]).reshape(batch, beams * k)
+    flat_index = (indices.reshape(batch, beams, k) + (np.arange(beams) * vocab)[None, :, None]).reshape(batch, -1)
+    order = np.lexsort((flat_index, -scores), axis=-1)[:, :keep]
+    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(flat_index, order, axis=1)

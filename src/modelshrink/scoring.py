@@ -1,0 +1,141 @@
+"""Scoring for `eval`: summaries (ROUGE with bootstrap intervals, style and bias), labels (GLUE's
+metrics), and the paired significance test of one system against another on the same documents.
+
+Each scorer also adds per-document `scores` to the rows, which predictions.jsonl keeps so that a
+later `--against` or `--compare` can pair them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from modelshrink.artifacts import read_manifest
+from modelshrink.data import unique_keys
+from modelshrink.errors import UserError
+from modelshrink.metrics import glue, rouge, stats, style
+from modelshrink.options.eval import EvalOptions
+from modelshrink.predictions import eval_rows, paired_predictions
+
+LogFn = Callable[[str], None]
+
+STYLE_SETTINGS = ("words: lowercase [a-z0-9]+ tokens; novel n-grams and copy bias pooled over the corpus, relative "
+                  "to each summary's own document; leading bias: each summary sentence matched to the document "
+                  "sentence of highest ROUGE-1 + ROUGE-2 F1, leading when that sentence lies in the first 40% of "
+                  "the document's sentences")
+
+
+def _mean(values: np.ndarray) -> float:
+    return round(float(np.mean(values)), 4) if len(values) else 0.0
+
+
+def _ci(values: np.ndarray, options: EvalOptions) -> list[float]:
+    low, high = stats.bootstrap_ci(values, options.resamples, options.seed)
+    return [round(low, 4), round(high, 4)]
+
+
+def score_summaries(rows: list[dict[str, Any]], options: EvalOptions, tokenizer: Any = None,
+                    log: LogFn = lambda m: None) -> dict[str, Any]:
+    """ROUGE with intervals, style and bias; adds per-document ROUGE to each row."""
+    predictions = [r["prediction"] for r in rows]
+    references = [r["reference"] for r in rows]
+    per_doc = rouge.rouge_per_document(predictions, references)
+    metrics: dict[str, Any] = {"task": "summarization", "documents": len(rows)}
+    for key in rouge.ROUGE_KEYS:
+        metrics[key] = _mean(per_doc[key])
+    metrics["ci95"] = {key: _ci(per_doc[key], options) for key in rouge.ROUGE_KEYS}
+    for i, row in enumerate(rows):
+        row["scores"] = {key: round(float(per_doc[key][i]), 4) for key in rouge.ROUGE_KEYS}
+    empty = sum(1 for p in predictions if not p.strip())
+    metrics["empty_predictions"] = empty
+    if empty:
+        log(f"warning: {empty} empty predictions (scored 0)")
+    if options.limited_length_recall:
+        recall = rouge.limited_length_recall_per_document(predictions, references)
+        metrics["limited_length_recall"] = {key: _mean(v) for key, v in recall.items()}
+        metrics["limited_length_recall_ci95"] = {key: _ci(v, options) for key, v in recall.items()}
+    metrics["length_words"] = round(style.length_words(predictions), 3)
+    if tokenizer is not None:
+        lengths = [len(ids) for ids in tokenizer(predictions, add_special_tokens=False)["input_ids"]]
+        metrics["length_tokens"] = round(float(np.mean(lengths)), 3) if lengths else 0.0
+    documents = [r["document"] for r in rows]
+    if all(isinstance(d, str) for d in documents):
+        metrics["novel_ngrams"] = {k: round(v, 3) for k, v in style.novel_ngrams(predictions, documents).items()}
+        metrics["copy_bias"] = round(style.copy_bias(predictions, documents), 3)
+        metrics["leading_bias"] = round(style.leading_bias(predictions, documents), 3)
+        metrics["reference_style"] = {
+            "length_words": round(style.length_words(references), 3),
+            "novel_ngrams": {k: round(v, 3) for k, v in style.novel_ngrams(references, documents).items()},
+            "copy_bias": round(style.copy_bias(references, documents), 3),
+            "leading_bias": round(style.leading_bias(references, documents), 3),
+        }
+    return metrics
+
+
+def score_labels(rows: list[dict[str, Any]], task: str) -> dict[str, Any]:
+    predictions = [r["prediction"] for r in rows]
+    labels = [r["label"] for r in rows]
+    metrics: dict[str, Any] = {"task": task, "documents": len(rows)}
+    if task == "classification":
+        metrics.update({k: round(v, 4) for k, v in glue.classification_metrics(predictions, labels).items()})
+        for row in rows:
+            row["scores"] = {"correct": float(row["prediction"] == row["label"])}
+    else:
+        metrics.update({k: round(v, 4) for k, v in glue.regression_metrics(predictions, labels).items()})
+        for row in rows:
+            row["scores"] = {"squared_error": float((row["prediction"] - row["label"]) ** 2)}
+    metrics["conventions"] = glue.GLUE_CONVENTIONS
+    return metrics
+
+
+# ---------------------------------------------------------------- paired significance
+
+def paired_keys(task: str, row: dict[str, Any]) -> list[str]:
+    """The per-document scores two systems are compared on: ROUGE for summaries, else the row's own."""
+    return list(rouge.ROUGE_KEYS) if task == "summarization" else list(row["scores"])
+
+
+def paired_tests(rows: list[dict[str, Any]], other: list[dict[str, Any]], keys: list[str], method: str,
+                 resamples: int, seed: int) -> dict[str, dict[str, Any]]:
+    """Per key: p of the paired test of `rows` against `other` (the same documents in the same order),
+    the difference of their means, and `other`'s mean."""
+    result: dict[str, dict[str, Any]] = {"p": {}, "delta": {}, "other_scores": {}}
+    for key in keys:
+        a = np.array([r["scores"][key] for r in rows])
+        b = np.array([r["scores"][key] for r in other])
+        result["p"][key] = round(stats.paired_test(a, b, method, resamples, seed), 6)
+        result["delta"][key] = round(float(a.mean() - b.mean()), 4)
+        result["other_scores"][key] = round(float(b.mean()), 4)
+    return result
+
+
+def against(rows: list[dict[str, Any]], task: str, options: EvalOptions) -> dict[str, Any]:
+    """Paired significance test against OTHER (an eval artifact, or predictions of the same documents)."""
+    other_path = Path(options.against)
+    manifest = read_manifest(other_path) if other_path.is_dir() else None
+    ids = unique_keys([r["id"] for r in rows])
+    if manifest is not None and manifest.get("kind") == "eval":
+        other = eval_rows(other_path)
+    else:
+        other = paired_predictions(options.against, rows, options)
+        scored = [other[i] for i in ids if i in other]
+        if len(scored) == len(ids):
+            if task == "summarization":
+                per_doc = rouge.rouge_per_document([str(r["prediction"] or "") for r in scored],
+                                                   [r["reference"] for r in scored])
+                for i, r in enumerate(scored):
+                    r["scores"] = {k: float(per_doc[k][i]) for k in rouge.ROUGE_KEYS}
+            else:
+                score_labels(scored, task)
+    if len(other) != len(rows) or set(other) != set(ids):
+        missing = [i for i in ids if i not in other][:3]
+        raise UserError(f"--against {options.against} has {len(other)} documents, this run {len(rows)}; the ids "
+                        f"must be the same" + (f" (missing there: {', '.join(missing)})" if missing else ""))
+    result: dict[str, Any] = {"other": str(other_path), "method": options.significance,
+                              "resamples": options.significance_resamples, "seed": options.seed,
+                              **paired_tests(rows, [other[i] for i in ids], paired_keys(task, rows[0]),
+                                             options.significance, options.significance_resamples, options.seed)}
+    result["significant_at_0.05"] = {k: p < 0.05 for k, p in result["p"].items()}
+    return result

@@ -1,0 +1,259 @@
+"""Contracts every step keeps: options declared once and replayable, one validation schema, resume of
+a finished output is a no-op, and no import cycle inside the package."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import shlex
+import typing
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import DOCUMENTS, SUMMARIES, save_classifier, bert_tokenizer, write_jsonl
+from modelshrink.artifacts import read_manifest, sha256_file
+from modelshrink.cli import app
+from modelshrink.commands._generate import OPTIONS_OF
+from modelshrink.options import flag_of, spec_of, to_toml
+from modelshrink.options.contrastive import ContrastiveOptions
+from modelshrink.options.distill import DistillOptions
+from modelshrink.options.eval import EvalOptions
+from modelshrink.options.export import ExportOptions
+from modelshrink.options.pseudolabel import PseudolabelOptions
+from modelshrink.options.quantize import QuantizeOptions
+
+runner = CliRunner()
+SRC = Path(__file__).resolve().parents[1] / "src" / "modelshrink"
+
+# One instance per step with options away from their defaults: lists, tuples, negated flags, floats.
+EXAMPLES = {
+    "pseudolabel": PseudolabelOptions(teacher="runs/teacher", data="train.jsonl", lambda_range=(1.0, 2.0),
+                                      num_beams=3, no_repeat_ngram_size=2, do_sample=False, limit=7, seed=3),
+    "distill": DistillOptions(data="pairs.jsonl", teacher="runs/teacher", encoder_layer_ids=[0, 2, 5],
+                              decoder_layers=2, kd_logits="kl", temperature=1.5, max_steps=10, lr=3e-4,
+                              validation="valid.jsonl", eval_every=5, trust_remote_code=True),
+    "quantize": QuantizeOptions(model="runs/student", bits="2-2-8", granularity="row", data="pairs.jsonl",
+                                decoder_layers=1, kd_attention=0.5, max_steps=4, metric="rougeL"),
+    "contrastive": ContrastiveOptions(data="train.jsonl", teacher="runs/teacher", layer_ids=[0, 2], sar=False,
+                                      storage=False, gamma=5e-2, epochs=1.5, max_tokens=512),
+    "eval": EvalOptions(model="runs/student", data="valid.jsonl", against="runs/eval-base",
+                        limited_length_recall=True, latency_docs=0, resamples=200),
+    "export": ExportOptions(model="runs/student", int8=True, per_channel=False, merge=False, opset=15),
+}
+LIBRARY = {"pseudolabel": ("modelshrink.pseudolabel", "pseudolabel"), "distill": ("modelshrink.distill", "distill"),
+           "quantize": ("modelshrink.quantize", "quantize"), "contrastive": ("modelshrink.contrastive", "contrastive"),
+           "eval": ("modelshrink.evaluate", "evaluate"), "export": ("modelshrink.export", "export_model")}
+
+
+def _parsed(monkeypatch, args: list[str]):
+    """The Options a command line builds, caught where the command hands them to its library function."""
+    import importlib
+
+    seen = []
+
+    def fake(options, output, **kwargs):
+        seen.append(options)
+        if options.STEP == "eval":
+            return Path(output), {"task": "summarization", "documents": 0}
+        return (Path(output), {}) if options.STEP == "export" else Path(output)
+
+    module, name = LIBRARY[next(a for a in args if a in LIBRARY)]
+    monkeypatch.setattr(importlib.import_module(module), name, fake)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return seen[0]
+
+
+def test_every_step_has_an_example_and_a_generated_command():
+    assert set(EXAMPLES) == set(OPTIONS_OF)
+
+
+@pytest.mark.parametrize("step", sorted(EXAMPLES))
+def test_command_parameters_are_the_options_fields(step):
+    """Name, default and flag of every field appear on the command, so they cannot drift apart."""
+    import typer.main
+
+    command = typer.main.get_command(app).commands[step]
+    params = {p.name: p for p in command.params}
+    cls = OPTIONS_OF[step]
+    for f in dataclasses.fields(cls):
+        if step == "eval" and f.name in ("model", "data"):
+            assert params["inputs"].nargs == -1  # MODEL DATA | PREDICTIONS
+            continue
+        assert f.name in params, f"{step}: --{f.name} is not a parameter"
+        p = params[f.name]
+        if spec_of(f).argument:
+            assert p.param_type_name == "argument"
+            continue
+        assert flag_of(f) in p.opts, (step, f.name, p.opts)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        assert p.default == default, (step, f.name, p.default, default)
+        hint = typing.get_type_hints(cls)[f.name]
+        if hint in (bool, int, float, str):
+            assert p.type_descriptor.annotation is hint, (step, f.name, p.type_descriptor.annotation)
+
+
+@pytest.mark.parametrize("step", sorted(EXAMPLES))
+def test_manifest_options_replay_as_a_recipe(step, tmp_path, monkeypatch):
+    """A manifest's `options`, written as a TOML table, is a recipe giving back the same Options,
+    through the step's own --config and through the root's."""
+    options = EXAMPLES[step]
+    recorded = json.loads(json.dumps(options.recorded()))  # as a manifest stores them
+    assert OPTIONS_OF[step].from_recorded(recorded) == options
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(to_toml(step, recorded))
+    assert _parsed(monkeypatch, [step, "--config", str(recipe), "-o", str(tmp_path / "out")]) == options
+    assert _parsed(monkeypatch, ["--config", str(recipe), step, "-o", str(tmp_path / "out")]) == options
+    bare = tmp_path / "bare.toml"  # the options table alone, without [step]
+    bare.write_text(to_toml(step, recorded).split("\n", 1)[1])
+    assert _parsed(monkeypatch, [step, "--config", str(bare), "-o", str(tmp_path / "out")]) == options
+
+
+@pytest.mark.parametrize("step", sorted(EXAMPLES))
+def test_the_replay_line_names_its_step_and_parses_to_the_same_options(step, tmp_path, monkeypatch):
+    line = EXAMPLES[step].replay(tmp_path / "out")
+    words = shlex.split(line)
+    assert words[:2] == ["modelshrink", step]
+    assert _parsed(monkeypatch, words[1:]) == EXAMPLES[step]
+
+
+def test_recipe_keys_and_values_are_checked(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("[distill]\ndata = 'x.jsonl'\nteacher = 't'\nno_such = 1\n")
+    result = runner.invoke(app, ["distill", "--config", str(recipe), "-o", str(tmp_path / "o")])
+    assert result.exit_code == 1 and "has no option 'no_such'" in result.output
+    recipe.write_text("[distill]\ndata = 'x.jsonl'\nteacher = 't'\nlr = nan\nmax_steps = 1\n")
+    result = runner.invoke(app, ["distill", "--config", str(recipe), "-o", str(tmp_path / "o")])
+    assert result.exit_code == 1 and "--lr must be a finite number" in result.output
+
+
+# ---------------------------------------------------------------- real runs of the training steps
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, saved_models):
+    """Tiny real runs of every training step with validation: their artifacts and commands."""
+    root = tmp_path_factory.mktemp("contracts")
+    pairs = write_jsonl(root / "pairs.jsonl", [{"id": i, "document": d, "summary": s}
+                                               for i, (d, s) in enumerate(zip(DOCUMENTS, SUMMARIES))])
+    sentences = write_jsonl(root / "sentences.jsonl", [{"id": i, "sentence": d, "label": i % 2}
+                                                       for i, d in enumerate(DOCUMENTS * 2)])
+    classifier = save_classifier(root / "classifier", bert_tokenizer(), layers=2)
+    common = ["--max-steps", "2", "--batch-size", "4", "--device", "cpu", "--save-every", "1"]
+    commands = {
+        "distill": ["distill", str(pairs), "--teacher", str(saved_models["bart"]), "--decoder-layers", "1",
+                    "--validation", str(pairs), "--eval-limit", "4", "--max-length", "8", "--eval-every", "1",
+                    *common],
+        "quantize": ["quantize", str(saved_models["bart"]), "--bits", "8-8-8", "--data", str(pairs),
+                     "--validation", str(pairs), "--eval-limit", "4", "--max-length", "8", *common],
+        "quantize-classifier": ["quantize", str(classifier), "--bits", "8-8-8", "--data", str(sentences),
+                                "--validation", str(sentences), *common],
+        "contrastive": ["contrastive", str(sentences), "--teacher", str(classifier), "--layers", "1",
+                        "--feature-map", "copied", "--validation", str(sentences), *common],
+    }
+    out = {}
+    for name, args in commands.items():
+        folder = root / name
+        result = runner.invoke(app, [*args, "-o", str(folder)])
+        assert result.exit_code == 0, (name, result.output)
+        out[name] = (folder, args)
+    return out
+
+
+def test_validation_json_has_one_schema(runs):
+    for name, (folder, _) in runs.items():
+        validation = json.loads((folder / "validation.json").read_text())
+        metric = validation["metric"]
+        assert isinstance(validation["step"], int) and metric in validation, (name, validation)
+        assert read_manifest(folder)["metrics"]["validation"][metric] == validation[metric], name
+
+
+def test_model_card_reproduce_line_is_its_own_step(runs, monkeypatch):
+    for name, (folder, args) in runs.items():
+        card = (folder / "README.md").read_text()
+        line = card.split("## Reproduce", 1)[1].split("```bash\n", 1)[1].split("\n", 1)[0]
+        words = shlex.split(line)
+        assert words[:2] == ["modelshrink", args[0]], (name, line)
+        manifest = read_manifest(folder)
+        options = OPTIONS_OF[args[0]].from_recorded(manifest["options"])
+        assert _parsed(monkeypatch, words[1:]) == options, name
+
+
+def test_resuming_a_finished_output_changes_nothing(runs):
+    for name, (folder, args) in runs.items():
+        before = {p.name: sha256_file(p) for p in folder.iterdir() if p.is_file()}
+        result = runner.invoke(app, [*args, "-o", str(folder), "--resume"])
+        assert result.exit_code == 0, (name, result.output)
+        assert {p.name: sha256_file(p) for p in folder.iterdir() if p.is_file()} == before, name
+
+
+# ---------------------------------------------------------------- the package's shape
+
+def _imports(path: Path, top_level_only: bool) -> set[str]:
+    tree = ast.parse(path.read_text())
+    package = ".".join(path.relative_to(SRC.parent).with_suffix("").parts)
+    if path.name == "__init__.py":
+        package = package.rsplit(".", 1)[0] + ".__init__"
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level)[0]
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            found.add(module)
+            found |= {f"{module}.{a.name}" for a in node.names}
+    return {m for m in found if m.startswith("modelshrink")}
+
+
+def _module_graph(top_level_only: bool) -> dict[str, set[str]]:
+    modules = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return {name: {m for m in _imports(path, top_level_only) if m in modules and m != name}
+            for name, path in modules.items()}
+
+
+@pytest.mark.parametrize("top_level_only", [True, False], ids=["module-level", "with-lazy-imports"])
+def test_no_import_cycle_inside_the_package(top_level_only):
+    graph = _module_graph(top_level_only)
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if node.startswith(nxt + "."):  # a submodule's import runs its package's __init__ first: no cycle
+                continue
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+
+
+def test_library_modules_do_not_import_the_command_line():
+    for path in SRC.rglob("*.py"):
+        if "commands" in path.parts or path.name in ("cli.py", "__main__.py"):
+            continue
+        text = path.read_text()
+        assert "import typer" not in text and "from rich" not in text and "import rich" not in text, path
+
+
+def test_runtime_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, modelshrink.runtime; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
