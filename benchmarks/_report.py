@@ -15,3 +15,10 @@ def write_section(name: str, title: str, text: str, intro: str = "") -> None:
     else:
         current = current.rstrip() + f"\n\n## {title}\n\n" + (intro + "\n\n" if intro else "") + block + "\n"
     BENCHMARKS.write_text(current)
+
+
+def publish(name: str, title: str, text: str, write: bool = True, intro: str = "") -> None:
+    """Print a benchmark's table, and put it into BENCHMARKS.md unless the run says not to."""
+    print(text)
+    if write:
+        write_section(name, title, text, intro)

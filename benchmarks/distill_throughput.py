@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from _report import write_section
+from _report import publish
 
 
 
@@ -140,9 +140,7 @@ def main() -> None:
         lines.append(f"| {name} | {medians[name]:.1f} | {medians[name] / hf:.3f}× | {medians[name] / ce:.3f}× | "
                      f"{', '.join(f'{x:.1f}' for x in rates[name])} |")
     text = "\n".join(lines)
-    print(text)
-    if not args.no_write:
-        write_section("distill_throughput", "distill: training throughput against Seq2SeqTrainer", text)
+    publish("distill_throughput", "distill: training throughput against Seq2SeqTrainer", text, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from _report import write_section
+from _report import publish
 
 ROOT = Path(__file__).resolve().parents[1]
 DEBIAN = ROOT.parent / "shared" / "data" / "debian-descriptions" / "validation.jsonl.gz"
@@ -95,9 +95,7 @@ def main() -> None:
     for name, rate, overhead, all_rates in rows:
         table.append(f"| {name} | {rate:.3f} | {overhead:+.1f}% | {', '.join(f'{x:.3f}' for x in all_rates)} |")
     text = "\n".join(table)
-    print(text)
-    if not args.no_write:
-        write_section("pseudolabel_temperature", "PLATE attention temperature: cost at generation time", text)
+    publish("pseudolabel_temperature", "PLATE attention temperature: cost at generation time", text, write=not args.no_write)
 
 
 if __name__ == "__main__":

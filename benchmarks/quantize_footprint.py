@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from _report import write_section
+from _report import publish
 
 ROOT = Path(__file__).resolve().parents[1]
 DEBIAN = ROOT.parent / "shared" / "data" / "debian-descriptions" / "validation.jsonl.gz"
@@ -84,9 +84,8 @@ def main() -> None:
         low, high = m["ci95"]["rougeL"]
         lines.append(f"| {name} | {m['rouge1']:.2f} | {m['rouge2']:.2f} | {m['rougeL']:.2f} | [{low:.2f}, {high:.2f}] |")
     text = "\n".join(lines)
-    print(text)
+    publish("quantize_footprint", "quantize: footprint and quality", text, write=not args.no_write)
     if not args.no_write:
-        write_section("quantize_footprint", "quantize: footprint and quality", text)
         (Path(tempfile.gettempdir()) / "quantize_footprint.json").write_text(json.dumps(
             {"sizes": size_rows, "quality": {k: {kk: v[kk] for kk in ("rouge1", "rouge2", "rougeL")}
                                              for k, v in quality.items()}}, indent=2))
