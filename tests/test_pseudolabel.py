@@ -200,3 +200,24 @@ def test_output_temperature_one_is_regular_beam_search(saved_models, docs_jsonl,
 def test_option_checks(kwargs, message):
     with pytest.raises(UserError, match=message):
         PseudolabelOptions(teacher="t", data="d", **kwargs)
+
+
+def test_default_source_length_is_the_smaller_of_tokenizer_and_positions(tmp_path):
+    """A small model reusing a bigger model's tokenizer (512 tokens) with 24 positions: a long
+    document is truncated to the positions instead of indexing past the position table."""
+    from conftest import build, write_jsonl
+    from modelshrink.models import default_source_length
+
+    from transformers import BartForConditionalGeneration
+
+    model, tok = build("bart")
+    model.config.max_position_embeddings = 24
+    model = BartForConditionalGeneration(model.config)
+    tok.model_max_length = 512
+    assert default_source_length(tok, model.config) == 24
+    model.save_pretrained(tmp_path / "small")
+    tok.save_pretrained(tmp_path / "small")
+    docs = write_jsonl(tmp_path / "long.jsonl", [{"id": "long", "document": " ".join(DOCUMENTS)}])
+    out = pseudolabel(PseudolabelOptions(teacher=str(tmp_path / "small"), data=str(docs), device="cpu",
+                                         max_length=5), tmp_path / "pl")
+    assert read_manifest(out)["resolved"]["max_source_length"] == 24

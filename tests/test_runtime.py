@@ -222,3 +222,16 @@ def test_no_repeat_ngram_bans_what_the_loop_bans():
                     expected[row, tokens[i + n - 1]] = -np.inf
         np.testing.assert_array_equal(got, expected)
         assert np.isinf(got).any()
+
+
+def test_runtime_source_length_is_the_smaller_of_tokenizer_and_positions():
+    from types import SimpleNamespace
+
+    from modelshrink.runtime.model import ExportedModel
+
+    length = ExportedModel.max_source_length.fget
+    assert length(SimpleNamespace(tokenizer_config={"model_max_length": 512},
+                                  config={"encoder": {"max_position_embeddings": 24}})) == 24
+    assert length(SimpleNamespace(tokenizer_config={"model_max_length": 64},
+                                  config={"max_position_embeddings": 1024})) == 64
+    assert length(SimpleNamespace(tokenizer_config={}, config={})) == 1024

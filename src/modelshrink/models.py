@@ -160,12 +160,16 @@ def resolve_device(device: str) -> str:
 
 
 def default_source_length(tokenizer: Any, config: Any) -> int:
-    """Truncation length for documents: the tokenizer's model_max_length, else the model's positions."""
+    """Truncation length for documents: the smaller of the tokenizer's model_max_length and the
+    model's positions (a small model built from a config often reuses a bigger model's tokenizer,
+    and a document longer than the positions would index past the position table)."""
+    limits = []
     limit = getattr(tokenizer, "model_max_length", None)
     if limit and limit < 100_000:
-        return int(limit)
+        limits.append(int(limit))
     for holder in (config, getattr(config, "encoder", None)):
         positions = getattr(holder, "max_position_embeddings", None)
         if positions:
-            return int(positions)
-    return 1024
+            limits.append(int(positions))
+            break
+    return min(limits) if limits else 1024

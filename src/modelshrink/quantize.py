@@ -194,7 +194,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
     from modelshrink.distill import _same_tokenizer
     from modelshrink.efficiency import parameter_count
     from modelshrink.families import encoder_layer_count
-    from modelshrink.models import load_classifier, resolve_device, task_of
+    from modelshrink.models import default_source_length, load_classifier, resolve_device, task_of
     from modelshrink.shrink import spaced_layer_ids
 
     defaults = {f.name: f.default for f in fields(QuantizeOptions)}
@@ -227,7 +227,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
     if options.kd_attention:
         teacher.set_attn_implementation("eager")  # the student's quantized attention returns its weights
     teacher.to(accelerator.device).eval()
-    max_length = options.max_source_length or min(getattr(tokenizer, "model_max_length", 512) or 512, 512)
+    max_length = options.max_source_length or default_source_length(tokenizer, student.config)
     parents = parent_refs(("model", options.model), ("data", options.data), ("teacher", options.teacher))
     staging = open_run(accelerator, writer, options.recorded(), parents)
 

@@ -123,13 +123,16 @@ class ExportedModel:
 
     @property
     def max_source_length(self) -> int:
+        """The smaller of the tokenizer's model_max_length and the model's positions (as every step)."""
+        limits = []
         limit = self.tokenizer_config.get("model_max_length")
         if isinstance(limit, (int, float)) and limit < 100_000:
-            return int(limit)
+            limits.append(int(limit))
         for holder in (self.config, self.config.get("encoder", {})):
             if holder.get("max_position_embeddings"):
-                return int(holder["max_position_embeddings"])
-        return 1024
+                limits.append(int(holder["max_position_embeddings"]))
+                break
+        return min(limits) if limits else 1024
 
     @property
     def pad_id(self) -> int:
