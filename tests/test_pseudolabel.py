@@ -112,9 +112,9 @@ def test_resume_after_interruption_gives_the_same_rows(mode, saved_models, docs_
     with pytest.raises(KeyboardInterrupt):
         pseudolabel(_options(teacher, docs_jsonl, **mode), out, progress=_interrupt_after(1))  # 1 batch written
     assert not out.exists() and staging_path(out).is_dir()
-    partial = (staging_path(out) / "rows.partial.jsonl").read_text().splitlines()
-    assert len(partial) == 4
-    with open(staging_path(out) / "rows.partial.jsonl", "a") as f:
+    part = staging_path(out) / "parts" / "part-00000-of-00001.jsonl"
+    assert len(part.read_text().splitlines()) == 4
+    with open(part, "a") as f:
         f.write('{"_index": 9, "id": "torn')  # the process died mid-line
     resumed = read_rows(pseudolabel(_options(teacher, docs_jsonl, **mode), out, resume=True))
     assert resumed == whole

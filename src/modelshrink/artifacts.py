@@ -140,20 +140,32 @@ def verify_files(folder: str | os.PathLike) -> list[str]:
 RUN_FILE = "run.partial.json"
 
 
+def _run_record(options: dict[str, Any], parents: list[dict[str, Any]], may_change: tuple[str, ...]) -> dict[str, Any]:
+    return {"options": {k: v for k, v in options.items() if k not in may_change}, "parents": parents}
+
+
+def check_run(staging: Path, options: dict[str, Any], parents: list[dict[str, Any]],
+              may_change: tuple[str, ...] = ()) -> None:
+    """Refuse to resume an unfinished run with other options (except `may_change`) or inputs with
+    other content. Reads only, so every process of a launch can call it and fail alike."""
+    run_file = staging / RUN_FILE
+    if not run_file.exists():
+        return
+    run = _run_record(options, parents, may_change)
+    before = json.loads(run_file.read_text())
+    changed = sorted(k for k in set(before["options"]) | set(run["options"])
+                     if before["options"].get(k) != run["options"].get(k))
+    changed += [p["role"] + " content" for p, q in zip(run["parents"], before["parents"]) if p != q]
+    if changed:
+        raise UserError(f"the unfinished run in {staging} used other options or inputs ({', '.join(changed)}); "
+                        "repeat it with the same ones, or pass --overwrite to start over")
+
+
 def pin_run(staging: Path, options: dict[str, Any], parents: list[dict[str, Any]], may_change: tuple[str, ...] = ()) -> None:
     """Record what an unfinished run was started with, or check that a resumed run matches it: the
     same options (except `may_change`) and inputs with the same content."""
-    run_file = staging / RUN_FILE
-    run = {"options": {k: v for k, v in options.items() if k not in may_change}, "parents": parents}
-    if run_file.exists():
-        before = json.loads(run_file.read_text())
-        changed = sorted(k for k in set(before["options"]) | set(run["options"])
-                         if before["options"].get(k) != run["options"].get(k))
-        changed += [p["role"] + " content" for p, q in zip(run["parents"], before["parents"]) if p != q]
-        if changed:
-            raise UserError(f"the unfinished run in {staging} used other options or inputs ({', '.join(changed)}); "
-                            "repeat it with the same ones, or pass --overwrite to start over")
-    run_file.write_text(json.dumps(run, indent=2))
+    check_run(staging, options, parents, may_change)
+    (staging / RUN_FILE).write_text(json.dumps(_run_record(options, parents, may_change), indent=2))
 
 
 class ArtifactWriter:

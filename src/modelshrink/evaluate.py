@@ -11,10 +11,11 @@ metrics.json, predictions.jsonl (with per-document scores) and modelshrink.json.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from modelshrink.artifacts import ArtifactWriter, check_output, parent_ref
+from modelshrink.artifacts import RUN_FILE, ArtifactWriter, check_output, parent_ref
 from modelshrink.data import open_data
 from modelshrink.errors import UserError
 from modelshrink.inference import generate_summaries, predict_labels
@@ -31,7 +32,7 @@ LogFn = Callable[[str], None]
 # Options that only mean something for one kind of task, with their defaults.
 SUMMARIZATION_OPTIONS = {"limited_length_recall": False, "attention_stats": False, "attention_plot": None,
                          "num_beams": None, "length_penalty": None, "min_length": None, "max_length": None,
-                         "no_repeat_ngram_size": None, "max_source_length": None, "summary_column": None,
+                         "no_repeat_ngram_size": None, "max_source_length": None, "max_tokens": None, "summary_column": None,
                          "reference_column": None, "references": None}
 CLASSIFICATION_OPTIONS = {"label_column": None, "text_pair_column": None}
 
@@ -45,15 +46,33 @@ def _check_task_options(task: str, options: EvalOptions, what: str) -> None:
             raise UserError(f"--{name.replace('_', '-')} applies to {kind}, but {what} is a {task} task")
 
 
-def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = False, progress: ProgressFn | None = None,
-             log: LogFn = lambda m: None) -> tuple[Path, dict[str, Any]]:
-    """Score a model on data, or predictions on disk; write an eval artifact. Returns (path, metrics)."""
+def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,
+             progress: ProgressFn | None = None, log: LogFn = lambda m: None) -> tuple[Path, dict[str, Any]]:
+    """Score a model on data, or predictions on disk; write an eval artifact. Returns (path, metrics).
+
+    With a model, under `accelerate launch` or `torchrun`, every process generates (or predicts)
+    its share; the main process scores and writes the artifact, the others return (path, {}).
+    With a model an interrupted run keeps what it generated, and `resume` continues it."""
+    from modelshrink import shards
     from modelshrink.efficiency import weight_bytes
     from modelshrink.models import load_config, load_tokenizer, task_of
+    from modelshrink.precision import check_precision
+    from modelshrink.runs import finished, open_run
 
-    output = check_output(output, overwrite)
-    writer = ArtifactWriter(output, overwrite=overwrite)
+    output = Path(output)
+    if (output / "metrics.json").is_file() and finished(output, overwrite=overwrite, resume=resume, log=log):
+        return output, json.loads((output / "metrics.json").read_text())
+    launch = shards.launch(options.device)
+    check_precision(options.dtype, launch.device, "--dtype")
+    if not launch.main:
+        log = lambda m: None  # noqa: E731  (one process speaks)
+    check_output(output, overwrite)
+    writer = ArtifactWriter(output, overwrite=overwrite, resume=resume)
     writer.check()
+    if resume and options.model is None:
+        raise UserError("--resume continues generating with a model; scoring a predictions file starts over")
+    if resume and writer.staging.is_dir():
+        shards.check_parts(writer.staging, launch.world)
     source = open_data(options.data, options.split)
     if not source.columns:
         raise UserError(f"data {options.data} has no rows")
@@ -68,15 +87,25 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
         raise UserError(f"--against {options.against} does not exist")
     if options.reference_size is not None and not Path(options.reference_size).is_dir():
         raise UserError(f"--reference-size {options.reference_size} is not a model folder")
-
-    with writer:
+    parents = [parent_ref(role, spec) for role, spec in (("model", options.model), ("data", options.data),
+                                                         ("references", options.references),
+                                                         ("against", options.against),
+                                                         ("reference_size", options.reference_size)) if spec]
+    if options.model is None:  # scoring a file on disk is one process's work
+        if not launch.main:
+            return output, {}
+        launch = shards.Launch(0, 1, launch.device)
+    staging = open_run(launch, writer, options.recorded(), parents)
+    try:
         resolved: dict[str, Any] = {"task": task}
         efficiency: dict[str, Any] = {}
         tokenizer = load_tokenizer(options.tokenizer, "tokenizer") if options.tokenizer else None
         if task == "summarization":
             if options.model is not None:
-                rows, efficiency, extra, tokenizer = generate_summaries(options, source, writer.staging,
-                                                                        progress, log)
+                rows, efficiency, extra, tokenizer = generate_summaries(options, source, staging, launch, progress,
+                                                                        log)
+                if rows is None:
+                    return output, {}
                 resolved.update({k: v for k, v in extra.items() if k != "attention"})
             else:
                 rows, extra = summaries_from_file(source, options, log), {}
@@ -92,7 +121,9 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
                 metrics["settings"]["generation"] = extra["generation"]
         else:
             if options.model is not None:
-                rows, efficiency, extra = predict_labels(options, task, progress)
+                rows, efficiency, extra = predict_labels(options, task, staging, launch, progress)
+                if rows is None:
+                    return output, {}
                 resolved.update(extra)
             else:
                 rows, task = labels_from_file(source, options)
@@ -107,16 +138,17 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
             metrics["efficiency"] = efficiency
         if options.against is not None:
             metrics["against"] = against(rows, "summarization" if task == "summarization" else task, options)
-        with open(writer.staging / "predictions.jsonl", "w", encoding="utf-8") as f:
+        with open(staging / "predictions.jsonl", "w", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        (writer.staging / "metrics.json").write_text(json.dumps(metrics, indent=2, ensure_ascii=False) + "\n")
-        parents = [parent_ref(role, spec) for role, spec in (("model", options.model), ("data", options.data),
-                                                             ("references", options.references),
-                                                             ("against", options.against),
-                                                             ("reference_size", options.reference_size)) if spec]
+        (staging / "metrics.json").write_text(json.dumps(metrics, indent=2, ensure_ascii=False) + "\n")
+        (staging / RUN_FILE).unlink(missing_ok=True)
         path = writer.commit(step="eval", kind="eval", options=options.recorded(), parents=parents,
                              metrics=_headline(metrics), resolved=resolved)
+    except BaseException:
+        if launch.main and not shards.has_rows(staging):  # keep only what --resume can continue
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
     return path, metrics
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -77,19 +78,65 @@ class OutputTemperature(LogitsProcessor):
         return torch.log_softmax(scores / self.temperature, dim=-1)
 
 
+class DocumentSampler(LogitsProcessor):
+    """Sampling whose draws belong to the document, not to the batch: each row draws from its own
+    generator, seeded by (seed, document index), one uniform number per step. The run asks the model
+    for greedy search; this processor, last in line, leaves the sampled token as the only finite
+    score, so greedy search takes it. A document gets the same sample whatever batch, process or
+    resumed run it lands in. top-k and top-p (nucleus) filter the distribution first, as in
+    transformers' warpers."""
+
+    def __init__(self, top_k: int = 0, top_p: float = 1.0):
+        self.top_k, self.top_p = top_k, top_p
+        self.generators: list[torch.Generator] = []
+
+    def set(self, seeds: list[int]) -> None:
+        self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if len(self.generators) != scores.shape[0]:
+            raise RuntimeError(f"{len(self.generators)} seeds for a batch of {scores.shape[0]} rows")
+        logits = scores.float()
+        if self.top_k > 0:
+            kth = torch.topk(logits, min(self.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if self.top_p < 1.0:
+            ordered, order = torch.sort(probs, descending=True, dim=-1)
+            before = ordered.cumsum(-1) - ordered  # mass of the more likely tokens
+            ordered = ordered.masked_fill(before >= self.top_p, 0.0)  # the first token always stays
+            probs = torch.zeros_like(probs).scatter(-1, order, ordered)
+        cumulative = probs.cumsum(-1)
+        draws = torch.cat([torch.rand(1, generator=g) for g in self.generators]).to(probs.device)
+        chosen = torch.searchsorted(cumulative, (draws * cumulative[:, -1]).unsqueeze(-1), right=True)
+        chosen = chosen.clamp_(max=probs.shape[-1] - 1)
+        forced = torch.full_like(scores, float("-inf"))
+        return forced.scatter_(-1, chosen, 0.0)
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The sampling seed of document `index`: a function of (seed, index) alone."""
+    return int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
+
+
 def generate_ids(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 settings: GenerationSettings) -> torch.Tensor:
-    """Generated token ids for one batch ([batch, length], starting with the decoder start token)."""
+                 settings: GenerationSettings, seeds: list[int] | None = None) -> torch.Tensor:
+    """Generated token ids for one batch ([batch, length], starting with the decoder start token).
+    Sampling needs `seeds`, one per row (`sample_seed(seed, document index)`)."""
     processors = LogitsProcessorList()
     if settings.output_temperature is not None and settings.output_temperature != 1.0:
         processors.append(OutputTemperature(settings.output_temperature))
+    if settings.do_sample:
+        if seeds is None:
+            raise ValueError("sampling needs one seed per row")
+        sampler = DocumentSampler(settings.top_k, settings.top_p)
+        sampler.set(seeds)
+        processors.append(sampler)
     kwargs: dict[str, Any] = dict(
         num_beams=settings.num_beams, length_penalty=settings.length_penalty, min_length=settings.min_length,
         max_length=settings.max_length, no_repeat_ngram_size=settings.no_repeat_ngram_size,
-        early_stopping=settings.early_stopping, do_sample=settings.do_sample, num_return_sequences=1,
+        early_stopping=settings.early_stopping, do_sample=False, num_return_sequences=1,
     )
-    if settings.do_sample:
-        kwargs.update(top_p=settings.top_p, top_k=settings.top_k, temperature=1.0)
     with torch.inference_mode():
         return model.generate(input_ids=input_ids, attention_mask=attention_mask, logits_processor=processors,
                               **kwargs)
@@ -100,9 +147,9 @@ def decode(tokenizer: Any, ids: torch.Tensor) -> list[str]:
 
 
 def generate(model: Any, tokenizer: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-             settings: GenerationSettings) -> list[str]:
+             settings: GenerationSettings, seeds: list[int] | None = None) -> list[str]:
     """Summaries for one batch, decoded without special tokens."""
-    return decode(tokenizer, generate_ids(model, input_ids, attention_mask, settings))
+    return decode(tokenizer, generate_ids(model, input_ids, attention_mask, settings, seeds))
 
 
 @dataclass
@@ -110,22 +157,37 @@ class Batch:
     number: int
     rows: list[Example] = field(default_factory=list)
     token_ids: list[list[int]] = field(default_factory=list)
+    truncated: list[tuple[Example, int]] = field(default_factory=list)  # (document, its length) cut to max_tokens
 
 
-def plan_batches(stream: Iterator[Example], tokenizer: Any, batch_size: int, max_source_length: int) -> Iterator[Batch]:
-    """Batches of documents sorted longest first within windows of WINDOW_BATCHES batches, so that
-    padding is small while the input is still streamed; the numbering is deterministic."""
+def plan_batches(stream: Iterator[Example], tokenizer: Any, batch_size: int, max_source_length: int,
+                 max_tokens: int | None = None) -> Iterator[Batch]:
+    """Batches of documents sorted longest first within windows of WINDOW_BATCHES × batch_size
+    documents, so that padding is small while the input is still streamed; the numbering is
+    deterministic. With `max_tokens`, a batch holds as many documents as fit the padded-token
+    budget (longest × count <= max_tokens) instead of `batch_size`; a document longer than the
+    budget is truncated to it (and listed in its batch's `truncated`)."""
     number = 0
     window: list[Example] = []
 
     def flush(window: list[Example]) -> Iterator[Batch]:
         nonlocal number
         ids = tokenizer([e.document for e in window], truncation=True, max_length=max_source_length)["input_ids"]
+        cut: dict[int, int] = {}
+        if max_tokens is not None:
+            for i, one in enumerate(ids):
+                if len(one) > max_tokens:
+                    cut[i] = len(one)
+                    ids[i] = tokenizer(window[i].document, truncation=True, max_length=max_tokens)["input_ids"]
         order = sorted(range(len(window)), key=lambda i: -len(ids[i]))
-        for start in range(0, len(order), batch_size):
-            chosen = order[start:start + batch_size]
-            yield Batch(number, [window[i] for i in chosen], [ids[i] for i in chosen])
+        start = 0
+        while start < len(order):
+            size = batch_size if max_tokens is None else max(1, max_tokens // len(ids[order[start]]))
+            chosen = order[start:start + size]
+            yield Batch(number, [window[i] for i in chosen], [ids[i] for i in chosen],
+                        [(window[i], cut[i]) for i in chosen if i in cut])
             number += 1
+            start += size
 
     for example in stream:
         window.append(example)

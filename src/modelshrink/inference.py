@@ -8,9 +8,11 @@ PyTorch model. Each entry point returns (rows, efficiency, resolved extras[, tok
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 from modelshrink.data import DataSource, examples, pick_columns
 from modelshrink.errors import UserError
@@ -26,19 +28,29 @@ def _latency(run_one: Callable[[Any], Any], items: list[Any]) -> dict[str, Any]:
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in latency(run_one, items).items()}
 
 
-def _export_efficiency(options: EvalOptions, runtime: Any, count: int, seconds: float) -> dict[str, Any]:
+def _export_efficiency(options: EvalOptions, runtime: Any, timing: dict[str, Any], launch: Any) -> dict[str, Any]:
     from modelshrink.efficiency import weight_bytes
 
     return {"parameters": runtime.parameter_count(), "bytes_on_disk": weight_bytes(options.model),
-            "throughput_docs_per_s": round(count / seconds, 4), "throughput_batch_size": options.batch_size,
-            "device": "cpu (onnxruntime)"}
+            **_throughput(timing, options, launch), "device": "cpu (onnxruntime)"}
+
+
+def _in_order(items: list[Any], batch_size: int) -> Iterator[Any]:
+    """Batches of `batch_size` items in input order (items carry `.index`)."""
+    from modelshrink.generation import Batch
+
+    for number, start in enumerate(range(0, len(items), batch_size)):
+        yield Batch(number, items[start:start + batch_size])
 
 
 # ---------------------------------------------------------------- summaries
 
-def generate_summaries(options: EvalOptions, source: DataSource, output: Path, progress: ProgressFn | None,
-                       log: LogFn) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any], Any]:
-    """Summarize every document with the model (or export folder); an attention plot lands in `output`."""
+def generate_summaries(options: EvalOptions, source: DataSource, staging: Path, launch: Any,
+                       progress: ProgressFn | None, log: LogFn
+                       ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any], Any]:
+    """Summarize every document with the model (or export folder); an attention plot lands in
+    `staging`. Under a launcher every process takes its share; the rows come back on the main
+    process only (None elsewhere)."""
     from modelshrink.runtime import is_export
 
     text_column, summary_column = pick_columns(source.columns, options.text_column, options.summary_column,
@@ -47,55 +59,101 @@ def generate_summaries(options: EvalOptions, source: DataSource, output: Path, p
     if not docs:
         raise UserError(f"data {options.data} has no rows")
     if is_export(options.model):
-        return _summarize_with_export(options, docs, progress, log)
-    return _summarize_with_model(options, docs, output, progress, log)
+        return _summarize_with_export(options, docs, staging, launch, progress, log)
+    return _summarize_with_model(options, docs, staging, launch, progress, log)
 
 
-def _summarize_with_model(options: EvalOptions, docs: list[Any], output: Path, progress: ProgressFn | None,
-                          log: LogFn) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any], Any]:
+def _sharded(batches: Any, staging: Path, launch: Any, run: Callable[[Any], list[dict[str, Any]]], total: int,
+             progress: ProgressFn | None) -> tuple[list[dict[str, Any]] | None, dict[str, Any]]:
+    """Run `run(batch)` (one row dict per document of the batch, in its order) over this process's
+    share of `batches`; the main process gets every row back in input order, with the run's
+    documents and seconds (the others get None)."""
+    from modelshrink import shards
+
+    def rows_of(batch: Any, done: set[int]) -> list[dict[str, Any]]:
+        rows = [{"_index": item.index, **row} for item, row in zip(batch.rows, run(batch))]
+        return [r for r in rows if r["_index"] not in done]
+
+    started = time.perf_counter()
+    counts = shards.run_part(batches, launch, staging, rows_of, total, progress)
+    timing = {"documents": counts["generated"], "seconds": time.perf_counter() - started}
+    if not launch.main:
+        return None, timing
+    rows = list(shards.merged_rows(staging, launch.world, total))
+    shutil.rmtree(staging / shards.PARTS)
+    return rows, timing
+
+
+def _throughput(timing: dict[str, Any], options: EvalOptions, launch: Any) -> dict[str, Any]:
+    """Documents per second over every process, at the batch size (or token budget) asked for."""
+    seconds = timing["seconds"]
+    result = {"throughput_docs_per_s": round(timing["documents"] / seconds, 4) if timing["documents"] else None,
+              "throughput_batch_size": options.batch_size, "processes": launch.world}
+    if options.max_tokens is not None:
+        result["throughput_max_tokens"] = options.max_tokens
+    return result
+
+
+def _latency_note(launch: Any) -> dict[str, Any]:
+    return {} if launch.world == 1 else {
+        "latency_note": f"measured on the main process alone, after the {launch.world} processes finished"}
+
+
+def _summarize_with_model(options: EvalOptions, docs: list[Any], staging: Path, launch: Any,
+                          progress: ProgressFn | None, log: LogFn
+                          ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any], Any]:
+    from modelshrink import shards
     from modelshrink.attention_stats import cross_attention, evident_bins, summarize_bins
     from modelshrink.efficiency import parameter_count, peak_memory, reset_peak_memory, weight_bytes
     from modelshrink.generation import decode, generate_ids, plan_batches, resolve_generation
-    from modelshrink.models import default_source_length, load_seq2seq, resolve_device
+    from modelshrink.models import default_source_length, load_seq2seq
+    from modelshrink.precision import torch_dtype
 
     if options.attention_plot is not None and options.attention_plot not in {d.id for d in docs}:
         raise UserError(f"--attention-plot: no document with id '{options.attention_plot}' in {options.data}")
-    device = resolve_device(options.device)
+    device = launch.device
     model, tokenizer, family = load_seq2seq(options.model, "model", options.trust_remote_code, device)
+    model.to(torch_dtype(options.dtype))
     settings = resolve_generation(model.generation_config, num_beams=options.num_beams,
                                   length_penalty=options.length_penalty, min_length=options.min_length,
                                   max_length=options.max_length, no_repeat_ngram_size=options.no_repeat_ngram_size)
     max_source_length = options.max_source_length or default_source_length(tokenizer, model.config)
-    rows: list[dict[str, Any] | None] = [None] * len(docs)
-    attention: list[Any] = []
-    figure = None
-    reset_peak_memory(device)
-    started = time.perf_counter()
-    if progress:
-        progress(0, len(docs))
-    for batch in plan_batches(iter(docs), tokenizer, options.batch_size, max_source_length):
+    plot_name = None if options.attention_plot is None else "attention-" + "".join(
+        c if c.isalnum() or c in "-_." else "_" for c in options.attention_plot) + ".png"
+
+    def run(batch: Any) -> list[dict[str, Any]]:
         padded = tokenizer.pad({"input_ids": batch.token_ids}, return_tensors="pt")
         input_ids, mask = padded["input_ids"].to(device), padded["attention_mask"].to(device)
         ids = generate_ids(model, input_ids, mask, settings)
-        for example, text in zip(batch.rows, decode(tokenizer, ids)):
-            rows[example.index] = {"id": example.id, "document": example.document, "prediction": text,
-                                   "reference": example.reference}
+        rows = [{"id": e.id, "document": e.document, "prediction": text, "reference": e.reference}
+                for e, text in zip(batch.rows, decode(tokenizer, ids))]
         wanted_plot = options.attention_plot in {e.id for e in batch.rows}
         if options.attention_stats or wanted_plot:
             weights = cross_attention(model, input_ids, mask, ids)
             if options.attention_stats:
-                attention.extend(evident_bins(w) for w in weights)
+                for row, w in zip(rows, weights):
+                    shares, evident, total = evident_bins(w)
+                    row["_attention"] = [None if shares is None else shares.tolist(), evident, total]
             if wanted_plot:
+                from modelshrink.figures import attention_heatmap
+
                 b = next(i for i, e in enumerate(batch.rows) if e.id == options.attention_plot)
-                figure = (weights[b].mean(axis=(0, 1)),
-                          tokenizer.convert_ids_to_tokens(input_ids[b][mask[b].bool()].tolist()),
-                          tokenizer.convert_ids_to_tokens(ids[b][1:1 + weights[b].shape[2]].tolist()))
-        if progress:
-            progress(sum(r is not None for r in rows), len(docs))
-    seconds = time.perf_counter() - started
+                attention_heatmap(weights[b].mean(axis=(0, 1)),
+                                  tokenizer.convert_ids_to_tokens(input_ids[b][mask[b].bool()].tolist()),
+                                  tokenizer.convert_ids_to_tokens(ids[b][1:1 + weights[b].shape[2]].tolist()),
+                                  staging / plot_name, "cross attention (mean over layers and heads), document "
+                                                       f"{options.attention_plot}")
+        return rows
+
+    reset_peak_memory(device)
+    truncated: list[str] = []
+    batches = shards.noting_truncation(plan_batches(iter(docs), tokenizer, options.batch_size, max_source_length,
+                                                    options.max_tokens), options.max_tokens, truncated, log)
+    rows, timing = _sharded(batches, staging, launch, run, len(docs), progress)
+    if rows is None:
+        return None, {}, {}, tokenizer
     efficiency: dict[str, Any] = {"parameters": parameter_count(model), "bytes_on_disk": weight_bytes(options.model),
-                                  "throughput_docs_per_s": round(len(docs) / seconds, 4),
-                                  "throughput_batch_size": options.batch_size, "device": device,
+                                  **_throughput(timing, options, launch), "device": device, "dtype": options.dtype,
                                   **peak_memory(device)}
     if options.latency_docs:
         def one(example):
@@ -103,122 +161,135 @@ def _summarize_with_model(options: EvalOptions, docs: list[Any], output: Path, p
             generate_ids(model, enc["input_ids"].to(device), enc["attention_mask"].to(device), settings)
 
         log(f"measuring latency at batch 1 on {min(options.latency_docs, len(docs))} documents")
-        efficiency.update(_latency(one, docs[:options.latency_docs]))
+        efficiency.update(_latency(one, docs[:options.latency_docs]), **_latency_note(launch))
     extra: dict[str, Any] = {"generation": settings.as_dict(), "max_source_length": max_source_length,
-                             "family": family.name}
+                             "family": family.name, "dtype": options.dtype, "processes": launch.world}
+    if truncated:
+        extra["truncated_to_max_tokens"] = len(truncated)
     if options.attention_stats:
-        extra["attention"] = summarize_bins(attention)
-    if figure is not None:
-        from modelshrink.figures import attention_heatmap
-
-        name = "attention-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in options.attention_plot) + ".png"
-        attention_heatmap(figure[0], figure[1], figure[2], output / name,
-                          f"cross attention (mean over layers and heads), document {options.attention_plot}")
-        extra["attention_plot"] = name
+        extra["attention"] = summarize_bins([tuple(r.pop("_attention")) for r in rows])
+    if plot_name is not None:
+        extra["attention_plot"] = plot_name
     return rows, efficiency, extra, tokenizer
 
 
-def _summarize_with_export(options: EvalOptions, docs: list[Any], progress: ProgressFn | None,
-                           log: LogFn) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any], Any]:
+def _summarize_with_export(options: EvalOptions, docs: list[Any], staging: Path, launch: Any,
+                           progress: ProgressFn | None, log: LogFn
+                           ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any], Any]:
     from modelshrink.models import load_tokenizer
     from modelshrink.runtime import load
 
     if options.attention_stats or options.attention_plot:
         raise UserError("--attention-stats and --attention-plot need the PyTorch model, not an export folder")
+    for name in ("max_tokens", "dtype"):
+        if getattr(options, name) != EvalOptions.__dataclass_fields__[name].default:
+            raise UserError(f"--{name.replace('_', '-')} applies to a PyTorch model; an export folder runs as exported")
     runtime = load(options.model)
     overrides = dict(num_beams=options.num_beams, length_penalty=options.length_penalty,
                      min_length=options.min_length, max_length=options.max_length,
                      no_repeat_ngram_size=options.no_repeat_ngram_size)
     settings = runtime.settings(**overrides)
     max_source_length = options.max_source_length or runtime.max_source_length
-    rows: list[dict[str, Any]] = []
-    started = time.perf_counter()
-    for start in range(0, len(docs), options.batch_size):
-        batch = docs[start:start + options.batch_size]
-        texts = runtime.summarize([d.document for d in batch], len(batch), max_source_length, **overrides)
-        rows += [{"id": d.id, "document": d.document, "prediction": t, "reference": d.reference}
-                 for d, t in zip(batch, texts)]
-        if progress:
-            progress(len(rows), len(docs))
-    efficiency = _export_efficiency(options, runtime, len(docs), time.perf_counter() - started)
+
+    def run(batch: Any) -> list[dict[str, Any]]:
+        texts = runtime.summarize([d.document for d in batch.rows], len(batch.rows), max_source_length, **overrides)
+        return [{"id": d.id, "document": d.document, "prediction": t, "reference": d.reference}
+                for d, t in zip(batch.rows, texts)]
+
+    rows, timing = _sharded(_in_order(docs, options.batch_size), staging, launch, run, len(docs), progress)
+    tokenizer = load_tokenizer(options.model, "export")
+    if rows is None:
+        return None, {}, {}, tokenizer
+    efficiency = _export_efficiency(options, runtime, timing, launch)
     if options.latency_docs:
         log(f"measuring latency at batch 1 on {min(options.latency_docs, len(docs))} documents")
         efficiency.update(_latency(lambda d: runtime.summarize([d.document], 1, max_source_length, **overrides),
-                                   docs[:options.latency_docs]))
+                                   docs[:options.latency_docs]), **_latency_note(launch))
     generation = {k: getattr(settings, k) for k in ("num_beams", "length_penalty", "min_length", "max_length",
                                                      "no_repeat_ngram_size", "early_stopping")}
-    extra = {"generation": generation, "max_source_length": max_source_length, "family": "onnx export"}
-    return rows, efficiency, extra, load_tokenizer(options.model, "export")
+    extra = {"generation": generation, "max_source_length": max_source_length, "family": "onnx export",
+             "processes": launch.world}
+    return rows, efficiency, extra, tokenizer
 
 
 # ---------------------------------------------------------------- labels
 
-def predict_labels(options: EvalOptions, task: str, progress: ProgressFn | None
-                   ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
-    """Predict a class id or a regression value for every row with the model (or export folder)."""
+def predict_labels(options: EvalOptions, task: str, staging: Path, launch: Any, progress: ProgressFn | None
+                   ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any]]:
+    """Predict a class id or a regression value for every row with the model (or export folder);
+    under a launcher every process takes its share and the main process gets the rows (None elsewhere)."""
     from modelshrink.runtime import is_export
 
     if is_export(options.model):
-        return _classify_with_export(options, task, progress)
-    return _classify_with_model(options, task, progress)
+        return _classify_with_export(options, task, staging, launch, progress)
+    return _classify_with_model(options, task, staging, launch, progress)
+
+
+@dataclass
+class _Item:
+    index: int
+    fields: dict[str, Any]
 
 
 def _read_items(options: EvalOptions, task: str, num_labels: int | None,
-                label2id: dict[str, int] | None) -> list[dict[str, Any]]:
+                label2id: dict[str, int] | None) -> list[_Item]:
     from modelshrink.classify import read_labeled
 
-    return read_labeled(options.data, split=options.split, text_column=options.text_column,
-                        text_pair_column=options.text_pair_column, label_column=options.label_column,
-                        id_column=options.id_column, limit=options.limit, num_labels=num_labels,
-                        label2id=label2id, task=task)
+    items = read_labeled(options.data, split=options.split, text_column=options.text_column,
+                         text_pair_column=options.text_pair_column, label_column=options.label_column,
+                         id_column=options.id_column, limit=options.limit, num_labels=num_labels,
+                         label2id=label2id, task=task)
+    return [_Item(i, item) for i, item in enumerate(items)]
 
 
-def _predict_all(items: list[dict[str, Any]], predict: Callable[[list[dict[str, Any]]], list[Any]],
-                 batch_size: int, progress: ProgressFn | None) -> None:
-    for start in range(0, len(items), batch_size):
-        batch = items[start:start + batch_size]
-        for item, prediction in zip(batch, predict(batch)):
-            item["prediction"] = prediction
-        if progress:
-            progress(min(start + batch_size, len(items)), len(items))
+def _predict_all(items: list[_Item], predict: Callable[[list[dict[str, Any]]], list[Any]], options: EvalOptions,
+                 staging: Path, launch: Any, progress: ProgressFn | None
+                 ) -> tuple[list[dict[str, Any]] | None, dict[str, Any]]:
+    def run(batch: Any) -> list[dict[str, Any]]:
+        fields = [item.fields for item in batch.rows]
+        return [{"id": f["id"], "text": f["text"], **({"text_pair": f["text_pair"]} if f["text_pair"] is not None
+                                                       else {}),
+                 "prediction": prediction, "label": f["label"]} for f, prediction in zip(fields, predict(fields))]
+
+    return _sharded(_in_order(items, options.batch_size), staging, launch, run, len(items), progress)
 
 
-def _label_rows(items: list[dict[str, Any]], options: EvalOptions
-                ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    rows = [{"id": i["id"], "text": i["text"], **({"text_pair": i["text_pair"]} if i["text_pair"] is not None else {}),
-             "prediction": i["prediction"], "label": i["label"]} for i in items]
-    return rows, {"text_column": options.text_column or "auto", "label_column": options.label_column or "label"}
+def _label_extra(options: EvalOptions, launch: Any) -> dict[str, Any]:
+    return {"text_column": options.text_column or "auto", "label_column": options.label_column or "label",
+            "processes": launch.world}
 
 
-def _classify_with_model(options: EvalOptions, task: str, progress: ProgressFn | None
-                         ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+def _classify_with_model(options: EvalOptions, task: str, staging: Path, launch: Any, progress: ProgressFn | None
+                         ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any]]:
     from modelshrink.classify import predict
     from modelshrink.efficiency import parameter_count, peak_memory, reset_peak_memory, weight_bytes
-    from modelshrink.models import load_classifier, resolve_device
+    from modelshrink.models import load_classifier
+    from modelshrink.precision import torch_dtype
 
-    device = resolve_device(options.device)
+    device = launch.device
     model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, device)
+    model.to(torch_dtype(options.dtype))
     items = _read_items(options, task, model.config.num_labels, model.config.label2id)
     reset_peak_memory(device)
-    started = time.perf_counter()
-    _predict_all(items, lambda batch: predict(model, tokenizer, batch, len(batch), device), options.batch_size,
-                 progress)
-    seconds = time.perf_counter() - started
+    rows, timing = _predict_all(items, lambda batch: predict(model, tokenizer, batch, len(batch), device), options,
+                                staging, launch, progress)
+    if rows is None:
+        return None, {}, {}
     efficiency: dict[str, Any] = {"parameters": parameter_count(model), "bytes_on_disk": weight_bytes(options.model),
-                                  "throughput_docs_per_s": round(len(items) / seconds, 4),
-                                  "throughput_batch_size": options.batch_size, "device": device,
+                                  **_throughput(timing, options, launch), "device": device, "dtype": options.dtype,
                                   **peak_memory(device)}
     if options.latency_docs:
-        efficiency.update(_latency(lambda item: predict(model, tokenizer, [item], 1, device),
-                                   items[:options.latency_docs]))
-    rows, extra = _label_rows(items, options)
-    return rows, efficiency, extra
+        efficiency.update(_latency(lambda item: predict(model, tokenizer, [item.fields], 1, device),
+                                   items[:options.latency_docs]), **_latency_note(launch))
+    return rows, efficiency, {**_label_extra(options, launch), "dtype": options.dtype}
 
 
-def _classify_with_export(options: EvalOptions, task: str, progress: ProgressFn | None
-                          ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+def _classify_with_export(options: EvalOptions, task: str, staging: Path, launch: Any, progress: ProgressFn | None
+                          ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any]]:
     from modelshrink.runtime import load
 
+    if options.dtype != "fp32":
+        raise UserError("--dtype applies to a PyTorch model; an export folder runs as exported")
     runtime = load(options.model)
     config = runtime.config
     items = _read_items(options, task, len(config.get("id2label") or {}) or None, config.get("label2id"))
@@ -227,10 +298,11 @@ def _classify_with_export(options: EvalOptions, task: str, progress: ProgressFn 
         pairs = [i["text_pair"] for i in batch] if batch[0]["text_pair"] is not None else None
         return runtime.classify([i["text"] for i in batch], pairs, len(batch))
 
-    started = time.perf_counter()
-    _predict_all(items, predict, options.batch_size, progress)
-    efficiency = _export_efficiency(options, runtime, len(items), time.perf_counter() - started)
+    rows, timing = _predict_all(items, predict, options, staging, launch, progress)
+    if rows is None:
+        return None, {}, {}
+    efficiency = _export_efficiency(options, runtime, timing, launch)
     if options.latency_docs:
-        efficiency.update(_latency(lambda item: predict([item]), items[:options.latency_docs]))
-    rows, extra = _label_rows(items, options)
-    return rows, efficiency, extra
+        efficiency.update(_latency(lambda item: predict([item.fields]), items[:options.latency_docs]),
+                          **_latency_note(launch))
+    return rows, efficiency, _label_extra(options, launch)

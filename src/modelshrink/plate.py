@@ -47,6 +47,11 @@ class RowScale:
         return scale.to(device=like.device, dtype=like.dtype)
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """`t` in at least float32: a half-precision model's scaling is computed in float32, then cast."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def _view_rows(scale: torch.Tensor, ndim: int) -> torch.Tensor:
     return scale.view(-1, *([1] * (ndim - 1)))
 
@@ -82,9 +87,9 @@ def attention_temperature(modules: list[AttentionModule],
                     params = [m.query.weight] + ([m.query.bias] if m.query.bias is not None else [])
                     if m.position_bias is not None:
                         params.append(m.position_bias.weight)
-                    for p in params:
+                    for p in params:  # scaled in float32, then cast: a half-precision model gets the same λ
                         saved.append((p, p.detach().clone()))
-                        p.mul_(factor)
+                        p.copy_(_wide(p) * factor)
         yield rows
     finally:
         with torch.no_grad():
@@ -98,7 +103,8 @@ def attention_temperature(modules: list[AttentionModule],
 
 def _row_query_hook(rows: RowScale):
     def hook(module, inputs, output):
-        return output * _view_rows(rows.for_batch(output.shape[0], output), output.dim())
+        scale = rows.for_batch(output.shape[0], _wide(output))
+        return (_wide(output) * _view_rows(scale, output.dim())).to(output.dtype)
 
     return hook
 
@@ -117,7 +123,8 @@ def _patch_row_bias(attention: torch.nn.Module, rows: RowScale, handles: list) -
 
     def compute_bias(*args, **kwargs):
         bias = original(*args, **kwargs)
-        return bias * _view_rows(rows.for_batch(seen["batch"], bias), bias.dim())
+        scale = rows.for_batch(seen["batch"], _wide(bias))
+        return (_wide(bias) * _view_rows(scale, bias.dim())).to(bias.dtype)
 
     attention.compute_bias = compute_bias
     return attention

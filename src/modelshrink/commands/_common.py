@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,9 +39,17 @@ def handle_errors(resume_hint: str | None = None) -> Iterator[None]:
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
+def main_process() -> bool:
+    """Whether this is the process that speaks: the only one, or rank 0 under `accelerate launch`
+    or `torchrun` (which set RANK)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def emit(path: Path) -> None:
-    """stdout carries only the output path, so steps chain with $(...)."""
-    typer.echo(str(path))
+    """stdout carries only the output path, so steps chain with $(...); under a launcher only the
+    main process prints it."""
+    if main_process():
+        typer.echo(str(path))
 
 
 class DocsProgress:
@@ -59,14 +68,18 @@ class DocsProgress:
             console=Console(file=sys.stderr))
 
     def __enter__(self) -> "DocsProgress":
-        self.progress.start()
+        if main_process():  # the other processes of a launch draw no bars
+            self.progress.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.progress.stop()
+        if main_process():
+            self.progress.stop()
 
     def task(self, label: str) -> Callable[[int, int], None]:
         task_id = None
+        if not main_process():
+            return lambda done, total: None
 
         def update(done: int, total: int) -> None:
             nonlocal task_id
@@ -82,6 +95,8 @@ class DocsProgress:
 
     def train_task(self, label: str) -> Callable[[dict], None]:
         task_id = None
+        if not main_process():
+            return lambda entry: None
 
         def update(entry: dict) -> None:
             nonlocal task_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from modelshrink.options import Options, opt, options_class
+from modelshrink.precision import PRECISIONS
 
 GEN = "Generation (defaults: the model's generation config)"
 
@@ -20,3 +21,8 @@ class GenerationOptions(Options):
                                               "tokenizer's model_max_length and the model's positions]", panel=GEN,
                                         min=1)
     batch_size: int = opt(16, "Documents per batch (sorted by length).", panel=GEN, min=1)
+    max_tokens: int | None = opt(None, "Batch by a padded-token budget instead: length-sorted documents packed up to "
+                                       "N source tokens per batch (longest × count). A document longer than N is "
+                                       "truncated to N tokens, with a warning naming it.", panel=GEN, min=1)
+    dtype: str = opt("fp32", "Run the model in fp32, bf16 or fp16 (fp16 needs a GPU; bf16 runs on a CPU, slowly).",
+                     panel=GEN, choices=PRECISIONS)

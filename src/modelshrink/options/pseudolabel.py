@@ -55,5 +55,7 @@ class PseudolabelOptions(GenerationOptions):
                 raise UserError("--lambda and --lambda-range exclude each other; give one")
         if (self.top_p is not None or self.top_k is not None) and not self.do_sample:
             raise UserError("--top-p / --top-k apply to sampling; add --do-sample")
+        if self.do_sample and self.num_beams not in (None, 1):
+            raise UserError("--do-sample draws one sequence per document; leave --num-beams at 1")
         if self.min_length is not None and self.max_length is not None and self.min_length > self.max_length:
             raise UserError(f"--min-length {self.min_length} is above --max-length {self.max_length}")
