@@ -15,7 +15,7 @@ small MLP P trained with the student (SAR, section 3.3). Without SAR wᵢ = 1 (p
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -83,7 +83,7 @@ def contrastive_loss(z_student: torch.Tensor, z_teacher: torch.Tensor, labels: t
     features, in the batch and the bank, whose label differs from i's; a sample with none scores 0."""
     keys, key_labels = z_teacher, labels
     if bank_features is not None and bank_features.shape[0] > 0:
-        keys = torch.cat([z_teacher, bank_features.to(z_teacher.dtype)])
+        keys = torch.cat([z_teacher.float(), bank_features.float()])
         key_labels = torch.cat([labels, bank_labels])
     s = F.normalize(z_student.float(), dim=-1)
     sims = s @ F.normalize(keys.float(), dim=-1).T  # cosines [B, B + S]
@@ -216,6 +216,13 @@ class ACKDObjective(nn.Module):
         if token_type_ids is not None:
             inputs["token_type_ids"] = token_type_ids
         out = self.student(**inputs, output_hidden_states=self.pt or self.acdl)
+        # The student may run under autocast (--precision bf16/fp16); the loss terms are float32.
+        with torch.autocast(input_ids.device.type, enabled=False):
+            return self._loss(out, labels, contrast_labels, teacher_logits, teacher_features)
+
+    def _loss(self, out: Any, labels: torch.Tensor, contrast_labels: torch.Tensor | None,
+              teacher_logits: torch.Tensor | None, teacher_features: list[torch.Tensor] | None
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logits = out.logits.float()
         if logits.shape[-1] == 1:
             task = F.mse_loss(logits.squeeze(-1), labels.float())

@@ -22,7 +22,7 @@ from modelshrink.families import encoder_layer_count
 from modelshrink.options.contrastive import ContrastiveOptions
 from modelshrink.runs import (finished, keep_best, open_run, parent_refs, reproduce_section, save_best_with,
                               start_run, training_metrics, write_validation)
-from modelshrink.train import train
+from modelshrink.train import enable_gradient_checkpointing, place_teacher, run_facts, train
 
 # ---------------------------------------------------------------- labels
 
@@ -146,7 +146,8 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     output = Path(output)
     if finished(output, overwrite=overwrite, resume=resume, log=log):
         return output
-    accelerator, writer = start_run(output, resolve_device(options.device), overwrite=overwrite, resume=resume)
+    accelerator, writer = start_run(output, resolve_device(options.device), overwrite=overwrite, resume=resume,
+                                    precision=options.precision)
     main = accelerator.is_main_process
 
     built = build_models(options, log)
@@ -190,8 +191,10 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
                               pt=distilling and options.pt, acdl=distilling and options.acdl, sar=options.sar,
                               storage_size=options.storage_size if options.storage else None,
                               predictor_layers=options.predictor_layers)
+    if options.gradient_checkpointing:
+        enable_gradient_checkpointing(student)
     if teacher is not None:
-        teacher.to(accelerator.device).eval()
+        teacher = place_teacher(teacher, accelerator.device, options.precision)
 
     parents = parent_refs(("data", options.data), ("teacher", options.teacher), ("student", options.student),
                           ("validation", options.validation))
@@ -229,7 +232,7 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     card = model_card(options, output, built, metrics, resolved)
     (staging / "README.md").write_text(card + "\n".join(reproduce_section(options, output, parents,
                                                                        always=("teacher", "student"))) + "\n")
-    resolved.update(device=str(accelerator.device), processes=accelerator.num_processes)
+    resolved.update(run_facts(accelerator, options))
     return writer.commit(step="contrastive", kind="model", options=options.recorded(), parents=parents,
                          metrics=metrics, resolved=resolved)
 

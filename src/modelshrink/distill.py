@@ -23,7 +23,7 @@ from modelshrink.families import attention_heads, hidden_size
 from modelshrink.options.distill import DistillOptions
 from modelshrink.runs import (finished, keep_best, open_run, parent_refs, reproduce_section, save_best_with,
                               start_run, training_metrics, write_validation)
-from modelshrink.train import TrainResult, train
+from modelshrink.train import TrainResult, enable_gradient_checkpointing, place_teacher, run_facts, train
 
 
 # ---------------------------------------------------------------- models
@@ -144,9 +144,10 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
     def loss_fn(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         core = model.module if hasattr(model, "module") else model  # DDP keeps the model in .module
         decoder_input_ids = core.prepare_decoder_input_ids_from_labels(labels=batch["labels"])
+        # No key/value cache: training never reuses one (and gradient checkpointing refuses it).
         inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                       decoder_input_ids=decoder_input_ids, output_hidden_states=need_hidden,
-                      output_attentions=need_attention)
+                      output_attentions=need_attention, use_cache=False)
         out = model(**inputs)
         ce = losses.label_smoothed_cross_entropy(out.logits, batch["labels"], options.label_smoothing)
         total, parts = ce, {"ce": ce.detach()}
@@ -226,7 +227,7 @@ def train_seq2seq(options: DistillOptions, built: dict[str, Any], rows: list[Any
             student.set_attn_implementation("eager")
         teacher.set_attn_implementation("eager")
     if teacher is not None and options.word_level:
-        teacher.to(accelerator.device).eval()
+        teacher = place_teacher(teacher, accelerator.device, options.precision)
     else:
         teacher = None  # sequence-level distillation needs no teacher at training time
     tokenized = tokenize_pairs(rows, tokenizer, max_source_length, options.max_target_length)
@@ -252,11 +253,13 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     if finished(output, overwrite=overwrite, resume=resume, log=log):
         return output
     device = resolve_device(options.device)
-    accelerator, writer = start_run(output, device, overwrite=overwrite, resume=resume)
+    accelerator, writer = start_run(output, device, overwrite=overwrite, resume=resume, precision=options.precision)
     rows, validation_rows = read_pairs_for(options)
     built = build_student(options, device, log)
     student, tokenizer = built["student"], built["tokenizer"]
     check_widths(built["teacher"], student, options)
+    if options.gradient_checkpointing:
+        enable_gradient_checkpointing(student)
     max_source_length = options.max_source_length or default_source_length(tokenizer, student.config)
     parents = parent_refs(("data", options.data), ("teacher", options.teacher), ("student", options.student),
                           ("validation", options.validation))
@@ -278,8 +281,7 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     card = model_card(options, output, built["origin"], metrics, "distill")
     (staging / "README.md").write_text(card + "\n".join(reproduce_section(options, output, parents,
                                                                        always=("teacher", "student"))) + "\n")
-    resolved = {"layer_map": built["maps"], "max_source_length": max_source_length, "device": str(accelerator.device),
-                "processes": accelerator.num_processes}
+    resolved = {"layer_map": built["maps"], "max_source_length": max_source_length, **run_facts(accelerator, options)}
     return writer.commit(step="distill", kind="model", options=options.recorded(), parents=parents,
                          metrics=metrics, resolved=resolved)
 

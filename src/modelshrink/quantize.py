@@ -23,7 +23,7 @@ from modelshrink.quant.model import save_quantized
 from modelshrink.quant.modules import check_quantizable, quantize_model
 from modelshrink.runs import (finished, keep_best, open_run, parent_refs, reproduce_section, save_best_with,
                               start_run, training_metrics, write_validation)
-from modelshrink.train import train
+from modelshrink.train import enable_gradient_checkpointing, place_teacher, run_facts, train
 
 __all__ = ["QuantizeOptions", "quantize", "storage_metrics"]
 
@@ -141,11 +141,13 @@ def quantize_seq2seq(options: QuantizeOptions, output: str | Path, *, overwrite:
     if finished(output, overwrite=overwrite, resume=resume, log=log):
         return output
     device = resolve_device(options.device)
-    accelerator, writer = start_run(output, device, overwrite=overwrite, resume=resume)
+    accelerator, writer = start_run(output, device, overwrite=overwrite, resume=resume, precision=options.precision)
     rows, validation_rows = distill.read_pairs_for(settings)
     built = distill.build_student(settings, device, log)
     student, tokenizer = built["student"], built["tokenizer"]
     counts = quantize_model(student, options.spec)
+    if options.gradient_checkpointing:
+        enable_gradient_checkpointing(student)
     distill.check_widths(built["teacher"], student, settings)
     max_source_length = settings.max_source_length or default_source_length(tokenizer, student.config)
     parents = parent_refs(("data", settings.data), ("teacher", settings.teacher), ("student", settings.student),
@@ -169,8 +171,7 @@ def quantize_seq2seq(options: QuantizeOptions, output: str | Path, *, overwrite:
     card = distill.model_card(settings, output, built["origin"], metrics, "quantize")
     (staging / "README.md").write_text(card + "\n".join(reproduce_section(options, output, parents)) + "\n")
     resolved = {"bits": asdict(options.spec), "kind": "seq2seq", "layer_map": built["maps"],
-                "max_source_length": max_source_length, "device": str(accelerator.device),
-                "processes": accelerator.num_processes}
+                "max_source_length": max_source_length, **run_facts(accelerator, options)}
     return writer.commit(step="quantize", kind="model", options=options.recorded(), parents=parents,
                          metrics=metrics, resolved=resolved)
 
@@ -205,7 +206,8 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
     if finished(output, overwrite=overwrite, resume=resume, log=log):
         return output
     spec = options.spec
-    accelerator, writer = start_run(output, resolve_device(options.device), overwrite=overwrite, resume=resume)
+    accelerator, writer = start_run(output, resolve_device(options.device), overwrite=overwrite, resume=resume,
+                                    precision=options.precision)
     teacher, teacher_tok = load_classifier(options.teacher or options.model, "teacher", options.trust_remote_code,
                                            "cpu")
     student, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, "cpu")
@@ -224,9 +226,11 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
     layer_map = spaced_layer_ids(encoder_layer_count(teacher.config), encoder_layer_count(student.config), "encoder")
     teacher_params = parameter_count(teacher)
     counts = quantize_model(student, spec)
+    if options.gradient_checkpointing:
+        enable_gradient_checkpointing(student)
     if options.kd_attention:
         teacher.set_attn_implementation("eager")  # the student's quantized attention returns its weights
-    teacher.to(accelerator.device).eval()
+    teacher = place_teacher(teacher, accelerator.device, options.precision)
     max_length = options.max_source_length or default_source_length(tokenizer, student.config)
     parents = parent_refs(("model", options.model), ("data", options.data), ("teacher", options.teacher))
     staging = open_run(accelerator, writer, options.recorded(), parents)
@@ -254,5 +258,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
     write_validation(staging, result, train_options.metric)
     card = _card_head(output, options, metrics) + reproduce_section(options, output, parents)
     (staging / "README.md").write_text("\n".join(card) + "\n")
+    resolved = {"bits": asdict(spec), "kind": "classifier", "task": task, "layer_map": layer_map,
+                **run_facts(accelerator, options)}
     return writer.commit(step="quantize", kind="model", options=options.recorded(), parents=parents, metrics=metrics,
-                         resolved={"bits": asdict(spec), "kind": "classifier", "task": task, "layer_map": layer_map})
+                         resolved=resolved)

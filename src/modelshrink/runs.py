@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 # A resumed run may extend its budget or change how often it logs, validates and saves.
-MAY_CHANGE_ON_RESUME = ("max_steps", "epochs", "eval_every", "save_every", "log_every", "device", "early_stopping")
+# Gradient checkpointing changes memory and time, not results.
+MAY_CHANGE_ON_RESUME = ("max_steps", "epochs", "eval_every", "save_every", "log_every", "device", "early_stopping",
+                        "gradient_checkpointing")
 
 
 def finished(output: str | Path, *, overwrite: bool, resume: bool, log: Callable[[str], None]) -> bool:
@@ -41,16 +43,27 @@ def parent_refs(*roles: tuple[str, str | None]) -> list[dict[str, Any]]:
     return [parent_ref(role, spec) for role, spec in roles if spec]
 
 
-def start_run(output: Path, device: str, *, overwrite: bool, resume: bool) -> tuple[Any, Any]:
+def start_run(output: Path, device: str, *, overwrite: bool, resume: bool,
+              precision: str = "fp32") -> tuple[Any, Any]:
     """The accelerator and the artifact writer of a step that trains, once every process has
-    checked the output (before the main one creates the staging folder)."""
+    checked the output (before the main one creates the staging folder). `device` is the resolved
+    one; a precision it cannot run (fp16 on a CPU) is refused here, before anything is written."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
     from accelerate.utils import DistributedDataParallelKwargs
 
     from modelshrink.artifacts import ArtifactWriter
+    from modelshrink.precision import check_precision
 
+    check_precision(precision, device)
+    mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[precision]
+    # AcceleratorState is one per process and refuses to change its mixed precision; a process that
+    # runs several steps (quickstart, the tests) starts it again. PartialState, which holds the
+    # process group, stays.
+    if AcceleratorState._shared_state.get("_mixed_precision", mixed) != mixed:
+        AcceleratorState._reset_state()
     # Unused parameters (the BERT pooler of a bert2bert) would stop DDP without find_unused_parameters.
-    accelerator = Accelerator(cpu=device == "cpu",
+    accelerator = Accelerator(cpu=device == "cpu", mixed_precision=mixed,
                               kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
     writer = ArtifactWriter(output, overwrite=overwrite, resume=resume, keep_on_failure=True)
     writer.check()
@@ -59,9 +72,14 @@ def start_run(output: Path, device: str, *, overwrite: bool, resume: bool) -> tu
 
 
 def open_run(accelerator: Any, writer: Any, recorded: dict[str, Any], parents: list[dict[str, Any]]) -> Path:
-    """Create (or, resuming, check) the staging folder on the main process; every process gets its path."""
-    from modelshrink.artifacts import pin_run
+    """Create (or, resuming, check) the staging folder on the main process; every process gets its path.
+    Every process checks a resumed run first, so a mismatch stops them all rather than leaving the
+    others waiting for the main one."""
+    from modelshrink.artifacts import check_run, pin_run
 
+    if writer.resume and writer.staging.is_dir():
+        check_run(writer.staging, recorded, parents, may_change=MAY_CHANGE_ON_RESUME)
+    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         writer.open()
         pin_run(writer.staging, recorded, parents, may_change=MAY_CHANGE_ON_RESUME)

@@ -3,11 +3,14 @@
 A task hands the loop a model, its examples, a collate function and a loss; the loop owns the rest:
 AdamW with linear warmup and decay, gradient accumulation and clipping, batches by size or by a
 token budget, periodic validation with best-checkpoint selection and early stopping, a JSON Lines
-log, checkpoints and resume, and a stop on a NaN/inf loss. It runs unchanged under
-`accelerate launch` (several processes or machines): each process takes every world_size-th batch,
-DDP averages the gradients, and only the main process validates, writes and reports progress.
+log, checkpoints and resume (`modelshrink.checkpoints`), and a stop on a NaN/inf loss. It runs
+unchanged under `accelerate launch` (several processes or machines): each process takes every
+world_size-th batch, DDP averages the gradients, and only the main process validates, writes and
+reports progress.
 
-Checkpoints hold no pickles: weights and optimizer tensors are safetensors, everything else JSON.
+Mixed precision (`--precision bf16|fp16`) is accelerate's: the model keeps float32 weights and its
+forward pass runs under autocast; fp16 adds loss scaling, which the prepared optimizer steps through.
+A teacher runs frozen in the half precision itself (`place_teacher`), and losses are float32.
 """
 
 from __future__ import annotations
@@ -15,15 +18,14 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
 
+from modelshrink.checkpoints import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 from modelshrink.errors import UserError
 from modelshrink.options.train import TrainOptions
 
@@ -33,20 +35,6 @@ ValidateFn = Callable[[Any], dict[str, float]]
 
 class TrainingDiverged(UserError):
     """The loss became NaN or inf; the run stopped and kept its last good checkpoint."""
-
-
-@dataclass
-class TrainState:
-    """Where a run stands; a checkpoint stores it as state.json, and resuming reads it back."""
-
-    step: int = 0  # optimizer updates so far
-    epoch: int = 0
-    batch_in_epoch: int = 0  # this process's batches of the epoch already used
-    tokens: int = 0  # training tokens, all processes
-    best: dict[str, Any] | None = None  # {"step", "score", "metric", "metrics"} of the best validation
-    evals_without_gain: int = 0
-    seconds: float = 0.0
-    last_eval_step: int | None = None
 
 
 @dataclass
@@ -111,64 +99,35 @@ def _schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int) -> torc
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-# ---------------------------------------------------------------- checkpoints without pickles
+# ---------------------------------------------------------------- precision and memory
 
-def _save_optimizer(optimizer: torch.optim.Optimizer, folder: Path) -> None:
-    state = optimizer.state_dict()
-    tensors, meta = {}, {"param_groups": state["param_groups"], "state": {}}
-    for pid, entry in state["state"].items():
-        meta["state"][str(pid)] = {}
-        for key, value in entry.items():
-            if torch.is_tensor(value):
-                tensors[f"{pid}.{key}"] = value.detach().cpu().contiguous()
-                meta["state"][str(pid)][key] = "__tensor__"
-            else:
-                meta["state"][str(pid)][key] = value
-    save_file(tensors, folder / "optimizer.safetensors")
-    (folder / "optimizer.json").write_text(json.dumps(meta))
+def place_teacher(teacher: Any, device: Any, precision: str) -> Any:
+    """The frozen teacher on the run's device with its weights in the run's precision (bf16/fp16 halve
+    its memory; it is never trained, so it needs no float32 master weights). The losses cast its
+    outputs to float32 where they meet the student's."""
+    from modelshrink.precision import torch_dtype
+
+    return teacher.to(device, dtype=torch_dtype(precision)).eval()
 
 
-def _load_optimizer(optimizer: torch.optim.Optimizer, folder: Path) -> None:
-    meta = json.loads((folder / "optimizer.json").read_text())
-    tensors = load_file(folder / "optimizer.safetensors")
-    state = {int(pid): {k: tensors[f"{pid}.{k}"] if v == "__tensor__" else v for k, v in entry.items()}
-             for pid, entry in meta["state"].items()}
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+def enable_gradient_checkpointing(model: Any) -> None:
+    """Recompute each layer's activations in the backward pass instead of keeping them: less memory
+    for about a third more compute. Non-reentrant checkpointing, which DDP with unused parameters
+    accepts (the reentrant kind would mark a parameter ready twice)."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise UserError(f"--gradient-checkpointing: {type(model).__name__} does not support gradient "
+                        "checkpointing; run without it")
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers' newer name; the old one warns there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def save_checkpoint(folder: Path, model: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
-                    state: TrainState) -> None:
-    partial = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    save_model(model, str(partial / "model.safetensors"))
-    _save_optimizer(optimizer, partial)
-    rng = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-    save_file(rng, partial / "rng.safetensors")
-    (partial / "state.json").write_text(json.dumps({**asdict(state), "scheduler": scheduler.state_dict()}, indent=2))
-    shutil.rmtree(folder, ignore_errors=True)
-    partial.rename(folder)  # a checkpoint folder exists only once it is whole
-
-
-def load_checkpoint(folder: Path, model: Any, optimizer: torch.optim.Optimizer, scheduler: Any) -> TrainState:
-    """Weights, optimizer, schedule and random state back from `folder`; returns the state there."""
-    load_model(model, str(folder / "model.safetensors"))
-    _load_optimizer(optimizer, folder)
-    saved = json.loads((folder / "state.json").read_text())
-    scheduler.load_state_dict(saved.pop("scheduler"))
-    rng = load_file(folder / "rng.safetensors")
-    torch.set_rng_state(rng["torch"])
-    if torch.cuda.is_available() and "cuda0" in rng:
-        torch.cuda.set_rng_state_all([rng[f"cuda{i}"] for i in range(torch.cuda.device_count())])
-    return TrainState(**saved)
-
-
-def latest_checkpoint(workdir: Path) -> Path | None:
-    found = sorted((p for p in (workdir / "checkpoints").glob("step-*") if not p.name.endswith(".tmp")),
-                   key=lambda p: int(p.name.split("-")[1]))
-    return found[-1] if found else None
+def run_facts(accelerator: Any, options: TrainOptions) -> dict[str, Any]:
+    """How a run trained, for the manifest's `resolved`: the same keys in every step that trains."""
+    return {"device": str(accelerator.device), "processes": accelerator.num_processes,
+            "precision": options.precision, "gradient_checkpointing": options.gradient_checkpointing}
 
 
 # ---------------------------------------------------------------- pieces of the loop
@@ -269,7 +228,7 @@ def _accumulate(ddp: Any, micro_batches: list[dict[str, Any]], loss_fn: LossFn, 
         sync = micro == n - 1  # DDP averages gradients across processes on the last micro-batch only
         context = accelerator.no_sync(ddp) if not sync and accelerator.num_processes > 1 else contextlib.nullcontext()
         with context:
-            loss, parts = loss_fn(ddp, batch)
+            loss, parts = loss_fn(ddp, batch)  # float32 (the losses cast), whatever the autocast dtype
             if _broadcast_any(accelerator, not bool(torch.isfinite(loss))):
                 raise TrainingDiverged(_diverged_message(state, workdir))
             accelerator.backward(loss / n)
@@ -303,16 +262,18 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
     train_log = _Log(workdir / "train_log.jsonl", main)
     checkpoint = latest_checkpoint(workdir) if resume else None
     if checkpoint is not None:
-        state = load_checkpoint(checkpoint, model, optimizer, scheduler)
+        state = load_checkpoint(checkpoint, model, optimizer, scheduler, accelerator.scaler)
         train_log.start(resumed_at=state.step)
         log(f"resuming from {checkpoint.name}")
     else:
         state = TrainState()
         torch.manual_seed(options.seed)
         train_log.start(resumed_at=None)
-    # Only the model goes through accelerate (DDP across processes). Its scheduler wrapper would step
-    # once per process, and steps here count optimizer updates, whatever the number of processes.
-    ddp = accelerator.prepare(model)
+    # Model and optimizer go through accelerate: DDP across processes, autocast, and with fp16 the
+    # loss scaler (the prepared optimizer steps through it; clip_grad_norm_ unscales first). The
+    # scheduler does not: its wrapper would step once per process, and steps here count optimizer
+    # updates, whatever the number of processes. Checkpoints hold `optimizer`, the torch one inside.
+    ddp, stepper = accelerator.prepare(model, optimizer)
     ddp.train()
     validation = (_Validation(validate, save_best, options, accelerator, workdir, train_log, log)
                   if validate is not None else None)
@@ -328,9 +289,9 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
                                         loss_fn, accelerator, state, workdir)
             if options.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(ddp.parameters(), options.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            stepper.step()
+            scheduler.step()  # also after an update fp16's scaler skipped (inf gradients), as Trainer does
+            stepper.zero_grad(set_to_none=True)
             state.step += 1
             state.batch_in_epoch = position + len(group)
             tokens = _sum(accelerator, tokens)  # all processes' tokens
@@ -343,7 +304,7 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
                 stopped_early = validation(ddp, state)
             if options.save_every and state.step % options.save_every == 0 and main:
                 save_checkpoint(workdir / "checkpoints" / f"step-{state.step}", accelerator.unwrap_model(ddp),
-                                optimizer, scheduler, state)
+                                optimizer, scheduler, state, accelerator.scaler)
             accelerator.wait_for_everyone()
             if state.step >= total or stopped_early:
                 break

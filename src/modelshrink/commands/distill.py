@@ -26,6 +26,11 @@ Make a teacher from a pretrained encoder (bert2bert warm start), or only write t
     modelshrink distill train.jsonl -o runs/teacher --init-encoder-decoder path/to/minilm --epochs 3
     modelshrink distill train.jsonl -o runs/student-init --teacher runs/teacher --decoder-layers 1 --max-steps 0
 
+On a GPU, bf16 autocast (the teacher in bf16 too) and activations recomputed in the backward pass:
+
+    modelshrink distill train.jsonl -o runs/student-kd --teacher runs/teacher --decoder-layers 3 \\
+        --kd-logits kl --precision bf16 --gradient-checkpointing --epochs 3
+
 Repeat a run from its manifest (its `options` as a TOML table):
 
     modelshrink distill --config recipe.toml -o runs/student-again

@@ -6,11 +6,13 @@ from dataclasses import fields
 
 from modelshrink.errors import UserError
 from modelshrink.options import Options, opt, options_class
+from modelshrink.precision import PRECISIONS
 
 DATA = "Data"
 SPLITS = "a folder of split files, a datasets folder or a hub dataset"
 OPT = "Optimization"
 VAL = "Validation"
+SPEED = "Precision and memory"
 
 
 @options_class
@@ -37,6 +39,11 @@ class TrainOptions(Options):
     metric: str = opt("rouge2", "Keep the checkpoint best by this.", panel=VAL)
     early_stopping: int | None = opt(None, "Stop after N validations without improvement.", panel=VAL, min=1)
     device: str = opt("auto", "cpu, cuda, or auto (under accelerate launch, its choice).")
+    precision: str = opt("fp32", "Mixed precision: fp32, bf16 (GPU or CPU) or fp16 (GPU, with loss scaling). The "
+                                 "student keeps float32 weights; the teacher runs in this precision.", panel=SPEED,
+                         choices=PRECISIONS)
+    gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass: less memory, about a "
+                                              "third more time.", panel=SPEED)
 
     def check(self) -> None:
         if self.max_steps is None and self.epochs is None:
