@@ -204,3 +204,17 @@ def test_against_with_mismatched_ids(docs_jsonl, tmp_path):
     with pytest.raises(UserError, match="--against .* has 6 documents, this run 12"):
         evaluate(EvalOptions(data=str(preds), references=str(docs_jsonl), against=str(other)), tmp_path / "e")
     assert not (tmp_path / "e").exists()
+
+
+def test_a_system_against_itself_has_p_one(docs_jsonl, tmp_path):
+    """Per-document scores that do not round evenly (whole documents scored against short summaries):
+    both sides of the paired test must be scored alike, or p drifts below 1."""
+    own = _preds(tmp_path, "own.jsonl", DOCUMENTS)
+    result = runner.invoke(app, ["eval", str(own), "--references", str(docs_jsonl), "--against", str(own), "-o",
+                                 str(tmp_path / "e"), "--json"])
+    assert result.exit_code == 0, result.stderr
+    against = json.loads(result.stdout)["against"]
+    assert all(p == 1.0 for p in against["p"].values()) and all(d == 0 for d in against["delta"].values())
+    artifact = runner.invoke(app, ["eval", str(own), "--references", str(docs_jsonl), "--against",
+                                   str(tmp_path / "e"), "-o", str(tmp_path / "e2"), "--json"])
+    assert all(p == 1.0 for p in json.loads(artifact.stdout)["against"]["p"].values())

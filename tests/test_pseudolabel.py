@@ -194,6 +194,8 @@ def test_output_temperature_one_is_regular_beam_search(saved_models, docs_jsonl,
     (dict(lam=2.0, lambda_range=(1.0, 2.0)), "exclude each other"),
     (dict(batch_size=0), "--batch-size must be >= 1"),
     (dict(top_p=0.5), "add --do-sample"),
+    (dict(lambda_range=(1.0, 2.0), lambda_enc=1.0, lambda_dec=1.5, lambda_cross=2.0), "fix all three"),
+    (dict(lam=float("inf")), "finite"),
     (dict(output_temperature=0.0), "--output-temperature must be > 0"),
     (dict(min_length=9, max_length=3), "--min-length 9 is above --max-length 3"),
 ])

@@ -46,8 +46,8 @@ def score_summaries(rows: list[dict[str, Any]], options: EvalOptions, tokenizer:
     for key in rouge.ROUGE_KEYS:
         metrics[key] = _mean(per_doc[key])
     metrics["ci95"] = {key: _ci(per_doc[key], options) for key in rouge.ROUGE_KEYS}
-    for i, row in enumerate(rows):
-        row["scores"] = {key: round(float(per_doc[key][i]), 4) for key in rouge.ROUGE_KEYS}
+    for row, scores in zip(rows, document_scores(per_doc)):
+        row["scores"] = scores
     empty = sum(1 for p in predictions if not p.strip())
     metrics["empty_predictions"] = empty
     if empty:
@@ -111,6 +111,13 @@ def paired_tests(rows: list[dict[str, Any]], other: list[dict[str, Any]], keys: 
     return result
 
 
+def document_scores(per_doc: dict[str, Any]) -> list[dict[str, float]]:
+    """Each document's ROUGE, rounded as predictions.jsonl stores it. Both sides of a paired test
+    go through here, so a system compared with itself has identical scores (p = 1)."""
+    count = len(per_doc[rouge.ROUGE_KEYS[0]])
+    return [{key: round(float(per_doc[key][i]), 4) for key in rouge.ROUGE_KEYS} for i in range(count)]
+
+
 def against(rows: list[dict[str, Any]], task: str, options: EvalOptions) -> dict[str, Any]:
     """Paired significance test against OTHER (an eval artifact, or predictions of the same documents)."""
     other_path = Path(options.against)
@@ -125,8 +132,8 @@ def against(rows: list[dict[str, Any]], task: str, options: EvalOptions) -> dict
             if task == "summarization":
                 per_doc = rouge.rouge_per_document([str(r["prediction"] or "") for r in scored],
                                                    [r["reference"] for r in scored])
-                for i, r in enumerate(scored):
-                    r["scores"] = {k: float(per_doc[k][i]) for k in rouge.ROUGE_KEYS}
+                for r, scores in zip(scored, document_scores(per_doc)):
+                    r["scores"] = scores
             else:
                 score_labels(scored, task)
     if len(other) != len(rows) or set(other) != set(ids):

@@ -53,6 +53,10 @@ class PseudolabelOptions(GenerationOptions):
                 raise UserError(f"--lambda-range A B needs A <= B, got {a} > {b}")
             if self.lam is not None:
                 raise UserError("--lambda and --lambda-range exclude each other; give one")
+            if None not in (self.lambda_enc, self.lambda_dec, self.lambda_cross):
+                raise UserError("--lambda-range draws λ for the attention kinds without their own λ, but "
+                                "--lambda-enc, --lambda-dec and --lambda-cross fix all three; drop one of them "
+                                "or --lambda-range")
         if (self.top_p is not None or self.top_k is not None) and not self.do_sample:
             raise UserError("--top-p / --top-k apply to sampling; add --do-sample")
         if self.do_sample and self.num_beams not in (None, 1):
