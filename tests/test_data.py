@@ -148,3 +148,20 @@ def test_real_debian_descriptions_stream():
     assert pick_columns(source.columns) == ("document", "summary")
     rows = list(examples(source, "document", "summary"))
     assert len(rows) == 2055 and all(r.document and r.reference for r in rows)
+
+
+def test_an_unfinished_run_is_refused_as_input(tmp_path):
+    """A staging folder, or a file inside one, holds rows of a run that has not finished."""
+    staging = tmp_path / ".pl.partial"
+    (staging / "parts").mkdir(parents=True)
+    row = '{"id": 1, "document": "a b", "summary": "a"}\n'
+    (staging / "parts" / "part-00000-of-00001.jsonl").write_text(row)
+    (tmp_path / "rows.partial.jsonl").write_text(row)
+    for given in (staging, staging / "parts", staging / "parts" / "part-00000-of-00001.jsonl",
+                  tmp_path / "rows.partial.jsonl"):
+        with pytest.raises(UserError, match="belongs to an unfinished run"):
+            open_data(str(given))
+    with pytest.raises(UserError, match="belongs to an unfinished run"):
+        open_data(str(tmp_path), split="rows.partial")
+    (tmp_path / "train.jsonl").write_text(row)
+    assert open_data(str(tmp_path), split="train").columns == ["id", "document", "summary"]

@@ -114,10 +114,19 @@ def _split_files(folder: Path) -> dict[str, Path]:
     return found
 
 
+def _unfinished(path: Path) -> bool:
+    """Whether `path` is, or lies inside, an unfinished run's staging folder (`.NAME.partial`) or is
+    one of its work files (`run.partial.json`, the parts)."""
+    return any(part.endswith(".partial") or ".partial." in part for part in path.resolve().parts)
+
+
 def open_data(spec: str | os.PathLike, split: str | None = None) -> DataSource:
     """Open a dataset given as a path or a hub name. Raises UserError when it cannot be read."""
     spec = str(spec)
     path = Path(spec).expanduser()
+    if path.exists() and _unfinished(path):
+        raise UserError(f"{spec} belongs to an unfinished run (a .partial staging folder or work file), not to a "
+                        "finished artifact; finish that run with --resume and use its output")
     if path.is_dir():
         if read_manifest(path) is not None:
             if not (path / "data.jsonl").is_file():
