@@ -20,10 +20,12 @@ import json
 import os
 import platform
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from modelshrink import __version__
+from modelshrink import locks
 from modelshrink.errors import UserError
 
 SCHEMA_VERSION = 1
@@ -69,15 +71,40 @@ def staging_path(output: Path) -> Path:
 
 
 def check_output(output: str | os.PathLike, overwrite: bool) -> Path:
-    """Refuse an output that is a file, or a non-empty folder without `overwrite`."""
+    """Refuse, before any slow work, an output that is a file, a non-empty folder without
+    `overwrite`, or one that cannot be written: a missing parent, a parent that is a file, a
+    read-only place, a full filesystem."""
     output = Path(output)
     if output.exists() and not output.is_dir():
         raise UserError(f"output {output} is a file; expected a folder path (new or empty)")
     if output.is_dir() and any(output.iterdir()) and not overwrite:
         raise UserError(f"output {output} already exists and is not empty; pass --overwrite to replace it")
-    if not output.parent.exists():
+    parent = output.parent
+    if parent.exists() and not parent.is_dir():
+        raise UserError(f"output {output} cannot be written: its parent {parent} is a file")
+    if not parent.exists():
         raise UserError(f"the parent folder of output {output} does not exist")
+    check_writable(parent, output)
     return output
+
+
+MIN_FREE_BYTES = 1 << 20
+
+
+def check_writable(folder: Path, output: Path) -> None:
+    """Create and remove a small file in `folder`; refuse a filesystem with less than 1 MiB free."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".modelshrink-probe-")
+        try:
+            os.write(fd, b"\0" * 4096)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"output {output} cannot be written: {e.strerror or e} ({folder})") from None
+    free = shutil.disk_usage(folder).free
+    if free < MIN_FREE_BYTES:
+        raise UserError(f"output {output} cannot be written: only {free} bytes are free on its filesystem")
 
 
 def _environment() -> dict[str, str]:
@@ -171,37 +198,53 @@ def pin_run(staging: Path, options: dict[str, Any], parents: list[dict[str, Any]
 class ArtifactWriter:
     """Stage an artifact in `.NAME.partial` and move it to NAME once its manifest is written.
 
-    With `keep_on_failure` the staging folder survives an exception (so `--resume` can pick it
-    up); otherwise it is removed, leaving nothing behind.
+    The run holds a lock in the staging folder while it writes (see `locks`), so a second run on
+    the same output is refused while the first lives. With `keep_on_failure` the staging folder
+    survives an exception (so `--resume` can pick it up); otherwise it is removed, leaving nothing
+    behind. `resumable` says whether the step has `--resume` (the default: `keep_on_failure`), for
+    the hint given when an earlier run's staging folder is in the way.
     """
 
     def __init__(self, output: str | os.PathLike, *, overwrite: bool = False, resume: bool = False,
-                 keep_on_failure: bool = False):
+                 keep_on_failure: bool = False, resumable: bool | None = None):
         self.output = Path(output)
         self.staging = staging_path(self.output)
         self.overwrite = overwrite
         self.resume = resume
         self.keep_on_failure = keep_on_failure
+        self.resumable = keep_on_failure if resumable is None else resumable
         self.committed = False
 
     def check(self) -> None:
-        """Everything `open` would refuse, without touching the disk: call it before slow work."""
+        """Everything `open` would refuse, without touching the output: call it before slow work."""
         check_output(self.output, self.overwrite)
-        if self.staging.exists() and not (self.resume or self.overwrite):
-            raise UserError(f"an unfinished earlier run left {self.staging}; pass --resume to continue it "
-                            "or --overwrite to start over")
+        if not self.staging.exists():
+            return
+        record = locks.holder(self.staging)
+        if record is not None:
+            raise locks.busy_error(self.output, record)
+        if not (self.resume or self.overwrite):
+            how = "pass --resume to continue it or --overwrite to start over" if self.resumable else \
+                "pass --overwrite to start over"
+            raise UserError(f"an unfinished earlier run left {self.staging}; {how}")
 
     def open(self) -> Path:
         self.check()
+        if self.staging.exists() and self.resume:
+            locks.acquire(self.staging, self.output)
+            return self.staging
         if self.staging.exists():
-            if self.resume:
-                return self.staging
             shutil.rmtree(self.staging)
-        self.staging.mkdir()
+        try:
+            self.staging.mkdir()
+        except FileExistsError:  # another run created it since `check`
+            raise locks.busy_error(self.output, locks.holder(self.staging) or {"pid": "?"}) from None
+        locks.acquire(self.staging, self.output)
         return self.staging
 
     def commit(self, *, step: str, kind: str, options: dict[str, Any], parents: list[dict[str, Any]],
                metrics: dict[str, Any] | None = None, resolved: dict[str, Any] | None = None) -> Path:
+        locks.release(self.staging)
         write_manifest(self.staging, step=step, kind=kind, options=options, parents=parents, metrics=metrics,
                        resolved=resolved)
         old = None
@@ -221,5 +264,8 @@ class ArtifactWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None and not self.committed and not self.keep_on_failure:
-            shutil.rmtree(self.staging, ignore_errors=True)
+        if exc_type is not None and not self.committed:
+            if self.keep_on_failure:
+                locks.release(self.staging)
+            else:
+                shutil.rmtree(self.staging, ignore_errors=True)

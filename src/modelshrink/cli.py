@@ -76,6 +76,10 @@ def root(
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         warnings.filterwarnings("ignore", category=UserWarning)
         warnings.filterwarnings("ignore", category=FutureWarning)
+        # the variable above is read when transformers is first imported, which may have happened
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
 
 
 app.command("pseudolabel", epilog=PSEUDOLABEL_EPILOG, no_args_is_help=True)(pseudolabel)

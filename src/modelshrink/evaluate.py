@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from modelshrink.artifacts import RUN_FILE, ArtifactWriter, check_output, parent_ref
+from modelshrink.artifacts import RUN_FILE, ArtifactWriter, parent_ref
 from modelshrink.data import open_data
 from modelshrink.errors import UserError
 from modelshrink.inference import generate_summaries, predict_labels
@@ -66,8 +66,7 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
     check_precision(options.dtype, launch.device, "--dtype")
     if not launch.main:
         log = lambda m: None  # noqa: E731  (one process speaks)
-    check_output(output, overwrite)
-    writer = ArtifactWriter(output, overwrite=overwrite, resume=resume)
+    writer = ArtifactWriter(output, overwrite=overwrite, resume=resume, resumable=options.model is not None)
     writer.check()
     if resume and options.model is None:
         raise UserError("--resume continues generating with a model; scoring a predictions file starts over")

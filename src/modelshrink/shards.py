@@ -83,9 +83,10 @@ def part_path(staging: Path, rank: int, world: int) -> Path:
     return staging / PARTS / f"part-{rank:05d}-of-{world:05d}.jsonl"
 
 
-def _complete_rows(path: Path, truncate: bool) -> dict[int, int]:
+def _complete_rows(path: Path, truncate: bool, duplicates: bool = False) -> dict[int, int]:
     """Input index -> byte offset of every complete row of a part file. A torn last line (the
-    process died mid-write) ends the scan, and with `truncate` is cut off the file."""
+    process died mid-write) ends the scan, and with `truncate` is cut off the file. With
+    `duplicates`, an index written twice in the file is refused."""
     offsets: dict[int, int] = {}
     if not path.exists():
         return offsets
@@ -98,6 +99,9 @@ def _complete_rows(path: Path, truncate: bool) -> dict[int, int]:
                 break
             if not raw.endswith(b"\n"):
                 break
+            if duplicates and row["_index"] in offsets:
+                raise UserError(f"row {row['_index']} is written twice in {path}: two runs wrote this staging "
+                                "folder; start over with --overwrite")
             offsets[row["_index"]] = good
             good += len(raw)
     if truncate and good != path.stat().st_size:
@@ -139,10 +143,19 @@ def run_part(batches: Iterable[Any], launch: Launch, staging: Path, run: Callabl
 
 
 def merged_rows(staging: Path, world: int, total: int) -> Iterator[dict[str, Any]]:
-    """Every part's rows, in input order 0 .. total-1, without their "_index" tags."""
+    """Every part's rows, in input order 0 .. total-1, without their "_index" tags. Every index is
+    checked: one outside 0 .. total-1, one written twice (two runs on one staging folder) or one
+    missing stops the assembly rather than committing a wrong row."""
     where: dict[int, tuple[int, int]] = {}
     for rank in range(world):
-        for index, offset in _complete_rows(part_path(staging, rank, world), truncate=False).items():
+        path = part_path(staging, rank, world)
+        for index, offset in _complete_rows(path, truncate=False, duplicates=True).items():
+            if not isinstance(index, int) or not 0 <= index < total:
+                raise UserError(f"{path} holds a row with index {index!r}, outside 0..{total - 1}: it was not "
+                                "written by this run; start over with --overwrite")
+            if index in where:
+                raise UserError(f"row {index} is in {path} and in {part_path(staging, where[index][0], world)}: "
+                                "two runs wrote this staging folder; start over with --overwrite")
             where[index] = (rank, offset)
     missing = [i for i in range(total) if i not in where]
     if missing:  # every process has finished its share by now; a gap is a bug, not bad input
@@ -153,7 +166,8 @@ def merged_rows(staging: Path, world: int, total: int) -> Iterator[dict[str, Any
             rank, offset = where[index]
             files[rank].seek(offset)
             row = json.loads(files[rank].readline())
-            del row["_index"]
+            if row.pop("_index") != index:
+                raise RuntimeError(f"{part_path(staging, rank, world)} changed while it was read (row {index})")
             yield row
     finally:
         for f in files:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import shlex
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -23,9 +26,17 @@ def fail(message: str, code: int = EXIT_USER_ERROR) -> typer.Exit:
     return typer.Exit(code)
 
 
+# errno values that mean "the output cannot take what is written": no space, quota, read-only
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+# ...and how libraries that wrap them (safetensors, torch's writers) spell them
+_NO_SPACE = ("No space left on device", "StorageFull", "os error 28")
+
+
 @contextmanager
-def handle_errors(resume_hint: str | None = None) -> Iterator[None]:
-    """Turn library errors into exit codes: UserError -> 1, CheckFailed -> 3, Ctrl-C -> 130."""
+def handle_errors(output: Path | None = None) -> Iterator[None]:
+    """Turn library errors into exit codes: UserError -> 1, CheckFailed -> 3, Ctrl-C -> 130, a
+    full or read-only disk -> 1 (one line each). On Ctrl-C or a full disk the hint says what is
+    left of the run writing `output` and the command that continues it, if there is one."""
     try:
         yield
     except UserError as e:
@@ -35,8 +46,42 @@ def handle_errors(resume_hint: str | None = None) -> Iterator[None]:
             typer.echo(e.output)
         raise fail(str(e), EXIT_CHECK_FAILED) from None
     except KeyboardInterrupt:
-        typer.echo("Interrupted." + (f" {resume_hint}" if resume_hint else ""), err=True)
+        if main_process():
+            typer.echo("Interrupted. " + resume_hint(output), err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except OSError as e:
+        if e.errno not in _WRITE_ERRNOS:
+            raise
+        where = f" writing {e.filename}" if e.filename else ""
+        raise fail(f"{e.strerror or e}{where}. {resume_hint(output)}") from None
+    except RuntimeError as e:  # safetensors and torch wrap a full disk in their own errors
+        if not any(marker in str(e) for marker in _NO_SPACE):
+            raise
+        raise fail(f"No space left on device: {str(e).splitlines()[0]}. {resume_hint(output)}") from None
+
+
+def resume_hint(output: Path | None) -> str:
+    """What an interrupted run left, said from what is on disk: the unfinished folder and the
+    command that continues it (this command with --resume), or that nothing was kept."""
+    if output is None:
+        return ""
+    from modelshrink.artifacts import staging_path
+
+    staging = staging_path(Path(output))
+    if not staging.is_dir():
+        return "Nothing was written."
+    if any(not p.name.endswith(".tmp") for p in (staging / "checkpoints").glob("step-*")):
+        saved = "from its last checkpoint"
+    elif any(p.stat().st_size for p in (staging / "parts").glob("part-*.jsonl")):
+        saved = "keeping the rows already written"
+    elif (staging / "parts").is_dir():
+        saved = "(no row was finished yet)"
+    else:
+        saved = "from the start (no checkpoint was saved yet; --save-every N saves them)"
+    argv = [a for a in sys.argv[1:] if a != "--overwrite"]
+    command = shlex.join(["modelshrink", *argv, *([] if "--resume" in argv else ["--resume"])])
+    launcher = " under the same launcher" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+    return f"The unfinished run is kept in {staging}; continue it {saved} with{launcher}: {command}"
 
 
 def main_process() -> bool:
@@ -52,34 +97,83 @@ def emit(path: Path) -> None:
         typer.echo(str(path))
 
 
-class DocsProgress:
-    """Rich progress bars on stderr. `task(label)` gives a library the (done, total) callback of a
-    bar with documents/s and ETA; `train_task(label)` the callback of a training bar (step of total,
-    loss, learning rate, tokens/s). One live display holds every bar of a command."""
+def progress_seconds() -> float:
+    """How often a non-terminal gets a progress line (MODELSHRINK_PROGRESS_SECONDS, default 30)."""
+    try:
+        return max(0.0, float(os.environ.get("MODELSHRINK_PROGRESS_SECONDS", "30")))
+    except ValueError:
+        return 30.0
 
-    def __init__(self) -> None:
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+class PlainLines:
+    """Progress as plain lines for a stderr that is not a terminal (CI logs, `2> log`, nohup): the
+    first update, then one line every `every` seconds, then the last one, each with done/total,
+    rate and ETA. Rates count what was done in this run (not rows an earlier run left)."""
+
+    def __init__(self, label: str, unit: str, every: float):
+        self.label, self.unit, self.every = label, unit, every
+        self.start: tuple[float, int] | None = None
+        self.last_print = -float("inf")
+
+    def update(self, done: int, total: int, extra: str = "") -> None:
+        now = time.monotonic()
+        if self.start is None:
+            self.start = (now, done)
+        finished = done >= total
+        if not finished and now - self.last_print < self.every:
+            return
+        self.last_print = now
+        elapsed = now - self.start[0]
+        rate = (done - self.start[1]) / elapsed if elapsed > 0 and done > self.start[1] else None
+        parts = [f"{self.label}: {done}/{total}" + (f" {self.unit}" if self.unit else "")
+                 + (f" ({100 * done / total:.0f}%)" if total else "")]
+        if extra:
+            parts.append(extra)
+        if rate:
+            parts.append(f"{rate:.2f} {self.unit or 'it'}/s")
+            parts.append(f"elapsed {_duration(elapsed)}")
+            parts.append("done" if finished else f"ETA {_duration((total - done) / rate)}")
+        typer.echo(", ".join(parts), err=True)
+
+
+class DocsProgress:
+    """Progress on stderr: rich bars on a terminal, plain lines elsewhere (see `PlainLines`),
+    nothing with `quiet` or on a process other than the main one. `task(label)` gives a library the
+    (done, total) callback of a bar with documents/s and ETA; `train_task(label)` the callback of a
+    training bar (step of total, loss, learning rate, tokens/s). One live display holds every bar."""
+
+    def __init__(self, quiet: bool = False) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
             TimeRemainingColumn
 
+        self.mode = "none" if quiet or not main_process() else "bars" if sys.stderr.isatty() else "lines"
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
             console=Console(file=sys.stderr))
 
     def __enter__(self) -> "DocsProgress":
-        if main_process():  # the other processes of a launch draw no bars
+        if self.mode == "bars":
             self.progress.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        if main_process():
+        if self.mode == "bars":
             self.progress.stop()
 
     def task(self, label: str) -> Callable[[int, int], None]:
-        task_id = None
-        if not main_process():
+        if self.mode == "none":
             return lambda done, total: None
+        if self.mode == "lines":
+            return PlainLines(label, "docs", progress_seconds()).update
+        task_id = None
 
         def update(done: int, total: int) -> None:
             nonlocal task_id
@@ -94,14 +188,17 @@ class DocsProgress:
         return update
 
     def train_task(self, label: str) -> Callable[[dict], None]:
-        task_id = None
-        if not main_process():
+        if self.mode == "none":
             return lambda entry: None
+        task_id = None
+        lines = PlainLines(label, "steps", progress_seconds())
 
         def update(entry: dict) -> None:
             nonlocal task_id
             info = f"loss {entry.get('loss', float('nan')):.4f} lr {entry['lr']:.2e} {entry['tokens_per_s']:.0f} tok/s"
-            if task_id is None:
+            if self.mode == "lines":
+                lines.update(entry["step"], entry["total_steps"], info)
+            elif task_id is None:
                 task_id = self.progress.add_task(label, total=entry["total_steps"], completed=entry["step"], info=info)
             else:
                 self.progress.update(task_id, completed=entry["step"], info=info)

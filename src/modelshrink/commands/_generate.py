@@ -34,6 +34,8 @@ OUTPUT = param("output", Annotated[Path, typer.Option("--output", "-o", help="Fo
 RESUME = param("resume", Annotated[bool, typer.Option(help="Continue an interrupted run from its last checkpoint "
                                                            "(same options).")], False)
 OVERWRITE = param("overwrite", Annotated[bool, typer.Option(help="Replace an existing output.")], False)
+QUIET = param("quiet", Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or lines (errors, warnings "
+                                                    "and the output path still print).")], False)
 
 
 def is_list(f: dataclasses.Field, hints: dict[str, Any]) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from modelshrink.commands._common import DocsProgress, emit, handle_errors, log
-from modelshrink.commands._generate import OUTPUT, OVERWRITE, RESUME, from_options
+from modelshrink.commands._generate import OUTPUT, OVERWRITE, QUIET, RESUME, from_options
 from modelshrink.options.contrastive import ContrastiveOptions
 
 EPILOG = """\
@@ -40,8 +40,9 @@ Several processes or machines (the feature storage gathers every process's batch
 """
 
 
-@from_options(ContrastiveOptions, extra=[OUTPUT, RESUME, OVERWRITE])
-def contrastive_command(options: ContrastiveOptions, output, resume: bool, overwrite: bool) -> None:
+@from_options(ContrastiveOptions, extra=[OUTPUT, RESUME, OVERWRITE, QUIET])
+def contrastive_command(options: ContrastiveOptions, output, resume: bool, overwrite: bool,
+                        quiet: bool) -> None:
     """Distill a BERT-style classifier with ACKD (adaptive contrastive distillation), or fine-tune one.
 
     Writes a classifier artifact (`save_pretrained` folder with tokenizer) with train_log.jsonl,
@@ -50,8 +51,7 @@ def contrastive_command(options: ContrastiveOptions, output, resume: bool, overw
     from modelshrink.contrastive import contrastive
 
     main = os.environ.get("RANK", "0") == "0"
-    with handle_errors(resume_hint="Run the same command with --resume to continue from the last checkpoint "
-                                   "(needs --save-every)."), DocsProgress() as bars:
+    with handle_errors(output), DocsProgress(quiet) as bars:
         path = contrastive(options, output, overwrite=overwrite, resume=resume,
                            progress=bars.train_task("contrastive"), log=log if main else (lambda m: None))
     if main:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from modelshrink.commands._common import DocsProgress, emit, handle_errors, log
-from modelshrink.commands._generate import OUTPUT, OVERWRITE, RESUME, from_options
+from modelshrink.commands._generate import OUTPUT, OVERWRITE, QUIET, RESUME, from_options
 from modelshrink.options.distill import DistillOptions
 
 EPILOG = """\
@@ -41,8 +41,9 @@ Several processes or machines:
 """
 
 
-@from_options(DistillOptions, extra=[OUTPUT, RESUME, OVERWRITE])
-def distill_command(options: DistillOptions, output, resume: bool, overwrite: bool) -> None:
+@from_options(DistillOptions, extra=[OUTPUT, RESUME, OVERWRITE, QUIET])
+def distill_command(options: DistillOptions, output, resume: bool, overwrite: bool,
+                    quiet: bool) -> None:
     """Shrink a teacher into a student (copied layers) and train it, on gold pairs or pseudo labels,
     optionally with word-level distillation losses; or fine-tune a model (a teacher) when there is none.
 
@@ -52,8 +53,7 @@ def distill_command(options: DistillOptions, output, resume: bool, overwrite: bo
     from modelshrink.distill import distill
 
     main = os.environ.get("RANK", "0") == "0"
-    with handle_errors(resume_hint="Run the same command with --resume to continue from the last checkpoint "
-                                   "(needs --save-every)."), DocsProgress() as bars:
+    with handle_errors(output), DocsProgress(quiet) as bars:
         path = distill(options, output, overwrite=overwrite, resume=resume, progress=bars.train_task("distill"),
                        log=log if main else (lambda m: None))
     if main:

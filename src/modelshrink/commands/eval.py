@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from modelshrink.commands._common import DocsProgress, emit, fail, handle_errors, log, stderr_console
-from modelshrink.commands._generate import OUTPUT, OVERWRITE, RESUME, build_options, from_options, param
+from modelshrink.commands._generate import OUTPUT, OVERWRITE, QUIET, RESUME, build_options, from_options, param
 from modelshrink.options.eval import SCORE, EvalOptions
 
 EPILOG = """\
@@ -116,10 +116,11 @@ COMPARE_DATA = param("compare_data", Annotated[Optional[str], typer.Option(
     "--data", help="With --compare: data to evaluate models on.", rich_help_panel=SCORE)], None)
 
 
-@from_options(EvalOptions, arguments=[INPUTS], extra=[OUTPUT, JSON_OUT, COMPARE, COMPARE_DATA, RESUME, OVERWRITE],
+@from_options(EvalOptions, arguments=[INPUTS],
+              extra=[OUTPUT, JSON_OUT, COMPARE, COMPARE_DATA, RESUME, OVERWRITE, QUIET],
               construct=False)
 def eval_command(values: dict[str, Any], inputs: list[str], output: Path, json_out: bool, compare: bool,
-                 compare_data: Optional[str], resume: bool, overwrite: bool) -> None:
+                 compare_data: Optional[str], resume: bool, overwrite: bool, quiet: bool) -> None:
     """Score summaries (ROUGE with 95% intervals, style, bias) or classifiers (GLUE metrics), with
     size and speed for models, significance against another system, and side-by-side comparisons.
 
@@ -128,7 +129,7 @@ def eval_command(values: dict[str, Any], inputs: list[str], output: Path, json_o
     """
     from modelshrink.evaluate import evaluate
 
-    with handle_errors(resume_hint="Run the same command with --resume to continue generating."):
+    with handle_errors(output):
         if compare:
             if resume:
                 raise fail("--resume continues one evaluation; --compare starts its own")
@@ -154,7 +155,7 @@ def eval_command(values: dict[str, Any], inputs: list[str], output: Path, json_o
         if model is None and Path(data, "config.json").is_file():
             raise fail(f"{data} is a model; give the data to evaluate it on: modelshrink eval {data} DATA")
         options = build_options(EvalOptions, {**values, "model": model, "data": data})
-        with DocsProgress() as bars:
+        with DocsProgress(quiet) as bars:
             path, metrics = evaluate(options, output, overwrite=overwrite, resume=resume, progress=bars.task("eval"),
                                      log=log)
     if not metrics:  # another process of a launch: the main one reports

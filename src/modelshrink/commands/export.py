@@ -41,7 +41,7 @@ def export_command(options: ExportOptions, output: Path, overwrite: bool) -> Non
     """
     from modelshrink.export import export_model
 
-    with handle_errors():
+    with handle_errors(output):
         path, _ = export_model(options, output, overwrite=overwrite, log=log)
     emit(path)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from modelshrink.commands._common import DocsProgress, emit, handle_errors, log
-from modelshrink.commands._generate import OUTPUT, OVERWRITE, RESUME, from_options
+from modelshrink.commands._generate import OUTPUT, OVERWRITE, QUIET, RESUME, from_options
 from modelshrink.options.pseudolabel import PseudolabelOptions
 
 EPILOG = """\
@@ -27,8 +27,8 @@ Repeat a run from its manifest (its `options` as a TOML table), or continue an i
 """
 
 
-@from_options(PseudolabelOptions, extra=[OUTPUT, RESUME, OVERWRITE])
-def pseudolabel(options: PseudolabelOptions, output, resume: bool, overwrite: bool) -> None:
+@from_options(PseudolabelOptions, extra=[OUTPUT, RESUME, OVERWRITE, QUIET])
+def pseudolabel(options: PseudolabelOptions, output, resume: bool, overwrite: bool, quiet: bool) -> None:
     """Label documents with a teacher's summaries, optionally at a higher attention temperature (PLATE).
 
     Writes a dataset artifact whose data.jsonl rows are id, document, summary (the pseudo summary),
@@ -38,6 +38,6 @@ def pseudolabel(options: PseudolabelOptions, output, resume: bool, overwrite: bo
     """
     from modelshrink.pseudolabel import pseudolabel as run
 
-    with handle_errors(resume_hint="Run the same command with --resume to continue."), DocsProgress() as bars:
+    with handle_errors(output), DocsProgress(quiet) as bars:
         path = run(options, output, overwrite=overwrite, resume=resume, progress=bars.task("pseudolabel"), log=log)
     emit(path)

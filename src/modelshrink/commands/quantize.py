@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from modelshrink.commands._common import DocsProgress, emit, handle_errors, log
-from modelshrink.commands._generate import OUTPUT, OVERWRITE, RESUME, from_options
+from modelshrink.commands._generate import OUTPUT, OVERWRITE, QUIET, RESUME, from_options
 from modelshrink.options.quantize import QuantizeOptions
 
 EPILOG = """\
@@ -26,8 +26,9 @@ The direct baseline (no training; the paper shows it collapses):
 """
 
 
-@from_options(QuantizeOptions, extra=[OUTPUT, RESUME, OVERWRITE])
-def quantize_command(options: QuantizeOptions, output, resume: bool, overwrite: bool) -> None:
+@from_options(QuantizeOptions, extra=[OUTPUT, RESUME, OVERWRITE, QUIET])
+def quantize_command(options: QuantizeOptions, output, resume: bool, overwrite: bool,
+                     quiet: bool) -> None:
     """Quantize a model (DQ-BART): W-E-A bits, direct or distillation-aware, stored as packed integers.
 
     The artifact holds int8 / 4-bit / ternary (1.6 bits per weight) integers with their scales, and
@@ -36,8 +37,7 @@ def quantize_command(options: QuantizeOptions, output, resume: bool, overwrite: 
     from modelshrink.quantize import quantize
 
     main = os.environ.get("RANK", "0") == "0"
-    with handle_errors(resume_hint="Run the same command with --resume (needs --save-every)."), \
-            DocsProgress() as bars:
+    with handle_errors(output), DocsProgress(quiet) as bars:
         path = quantize(options, output, overwrite=overwrite, resume=resume,
                         progress=bars.train_task(f"quantize {options.bits}"), log=log if main else (lambda m: None))
     if main:

@@ -20,6 +20,7 @@ def quickstart(
     pseudolabel_docs: Annotated[int, typer.Option(help="Training documents the teacher labels.", min=1)] = 400,
     eval_docs: Annotated[int, typer.Option(help="Validation documents scored.", min=1)] = 100,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output folder.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or lines.")] = False,
 ) -> None:
     """Run the whole chain on the bundled Debian sample with the packaged MiniLM, offline (~15 min on 2 cores).
 
@@ -36,7 +37,7 @@ def quickstart(
 
     budget = QuickstartBudget(teacher_steps=teacher_steps, student_steps=student_steps, quantize_steps=quantize_steps,
                               pseudolabel_docs=pseudolabel_docs, eval_docs=eval_docs)
-    with handle_errors(), DocsProgress() as bars:
+    with handle_errors(output), DocsProgress(quiet) as bars:
         summary = run_quickstart(output, budget=budget, overwrite=overwrite, progress=bars.task,
                                  train_progress=bars.train_task, log=log)
     _print_comparison(summary["comparison"])

@@ -1,0 +1,307 @@
+"""What guards a run's output: one run per output (the staging lock), outputs that cannot be
+written refused before the model loads, a full disk as one line, Ctrl-C (130, the folder kept, the
+command that continues it), row indices checked at assembly, and progress on a non-terminal."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import DOCUMENTS, SUMMARIES, write_jsonl
+from modelshrink import locks, shards
+from modelshrink.artifacts import ArtifactWriter, staging_path
+from modelshrink.cli import app
+from modelshrink.errors import UserError
+
+runner = CliRunner()
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def invoke(*args, **kw):
+    return runner.invoke(app, [str(a) for a in args], **kw)
+
+
+def one_line_error(result, *fragments, mid_run: bool = False) -> str:
+    """Exit 1 with one `Error:` line, the only stderr line (after a step's informational lines, `mid_run`)."""
+    assert result.exit_code == 1, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("Error: ")]
+    assert errors == [lines[-1]] and (mid_run or len(lines) == 1), result.stderr
+    lines = lines[-1:]
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def sleeper():
+    """A live process that is not us: its pid stands for another run's."""
+    process = subprocess.Popen(["sleep", "60"])
+    yield process.pid
+    process.kill()
+    process.wait()
+
+
+def write_lock(staging: Path, pid: int, host: str | None = None, age: float = 0.0) -> None:
+    staging.mkdir(parents=True, exist_ok=True)
+    path = staging / locks.LOCK_NAME
+    path.write_text(json.dumps({"pid": pid, "host": host or socket.gethostname(), "started": "then"}))
+    if age:
+        os.utime(path, (time.time() - age, time.time() - age))
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+# --- the lock --------------------------------------------------------------------------------------
+
+def test_a_live_run_blocks_resume_overwrite_and_a_plain_rerun(saved_models, docs_jsonl, tmp_path, sleeper):
+    out = tmp_path / "pl"
+    write_lock(staging_path(out), sleeper)
+    for extra in ([], ["--resume"], ["--overwrite"]):
+        result = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", out, *extra)
+        one_line_error(result, f"another run (pid {sleeper} on {socket.gethostname()}", f"is writing {out}")
+    assert (staging_path(out) / locks.LOCK_NAME).is_file()  # the live run's folder is untouched
+
+
+def test_a_dead_runs_lock_does_not_block(saved_models, docs_jsonl, tmp_path):
+    out = tmp_path / "pl"
+    write_lock(staging_path(out), dead_pid())
+    result = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", out, "--resume", "--limit", "2")
+    assert result.exit_code == 0, result.stderr
+    assert not staging_path(out).exists() and not (out / locks.LOCK_NAME).exists()
+    assert locks.LOCK_NAME not in json.loads((out / "modelshrink.json").read_text())["files"]
+
+
+def test_another_hosts_lock_blocks_while_fresh_and_not_once_stale(tmp_path):
+    staging = tmp_path / ".out.partial"
+    write_lock(staging, 1, host="elsewhere")
+    assert locks.holder(staging)["host"] == "elsewhere"
+    write_lock(staging, 1, host="elsewhere", age=locks.STALE_SECONDS + 5)
+    assert locks.holder(staging) is None
+
+
+def test_the_holders_own_process_takes_its_lock_again_and_a_torn_lock_is_stale(tmp_path):
+    staging = tmp_path / ".out.partial"
+    write_lock(staging, os.getpid())
+    assert locks.holder(staging) is None
+    (staging / locks.LOCK_NAME).write_text('{"pid": 12')
+    assert locks.holder(staging) is None
+
+
+def test_a_second_writer_opening_a_fresh_output_is_refused(tmp_path, sleeper):
+    out = tmp_path / "out"
+    first = ArtifactWriter(out, resume=True, keep_on_failure=True)
+    first.check()
+    second = ArtifactWriter(out, resume=True, keep_on_failure=True)
+    second.check()  # both looked before either started
+    first.open()
+    # the lock is the first one's; as seen from a second process:
+    record = json.loads((first.staging / locks.LOCK_NAME).read_text())
+    (first.staging / locks.LOCK_NAME).write_text(json.dumps({**record, "pid": sleeper}))
+    with pytest.raises(UserError, match="another run"):
+        second.open()
+
+
+def test_the_heartbeat_keeps_the_lock_fresh(tmp_path, monkeypatch):
+    monkeypatch.setattr(locks, "HEARTBEAT_SECONDS", 0.05)
+    staging = tmp_path / ".out.partial"
+    staging.mkdir()
+    locks.acquire(staging, tmp_path / "out")
+    old = time.time() - 1000
+    os.utime(staging / locks.LOCK_NAME, (old, old))
+    time.sleep(0.3)
+    assert (staging / locks.LOCK_NAME).stat().st_mtime > old + 900
+    locks.release(staging)
+    assert not (staging / locks.LOCK_NAME).exists()
+
+
+# --- assembly --------------------------------------------------------------------------------------
+
+def _part(staging: Path, rank: int, world: int, indices: list) -> None:
+    path = shards.part_path(staging, rank, world)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"_index": i, "summary": f"s{i}"}) + "\n" for i in indices))
+
+
+@pytest.mark.parametrize("parts, message", [
+    ([[0, 2], [1, 2]], "row 2 is in"),  # the same row in two parts
+    ([[0, 0, 2], [1]], "row 0 is written twice"),  # twice in one part
+    ([[0, 2], [1, 7]], "index 7, outside 0..2"),  # not a row of this input
+])
+def test_assembly_checks_every_rows_index(tmp_path, parts, message):
+    for rank, indices in enumerate(parts):
+        _part(tmp_path, rank, 2, indices)
+    with pytest.raises(UserError, match=message):
+        list(shards.merged_rows(tmp_path, 2, 3))
+
+
+def test_assembly_in_order(tmp_path):
+    _part(tmp_path, 0, 2, [0, 2])
+    _part(tmp_path, 1, 2, [1])
+    assert [r["summary"] for r in shards.merged_rows(tmp_path, 2, 3)] == ["s0", "s1", "s2"]
+
+
+# --- outputs that cannot be written ------------------------------------------------------------------
+
+def _fail_if_loaded(monkeypatch):
+    def loaded(*a, **k):
+        raise AssertionError("the model was loaded before the output was checked")
+    monkeypatch.setattr("modelshrink.pseudolabel.load_seq2seq", loaded)
+
+
+def test_an_output_under_a_file_is_refused_before_loading(saved_models, docs_jsonl, tmp_path, monkeypatch):
+    _fail_if_loaded(monkeypatch)
+    (tmp_path / "afile").write_text("x")
+    result = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", tmp_path / "afile" / "out")
+    one_line_error(result, "its parent", "is a file")
+
+
+def test_a_read_only_place_is_refused_before_loading(saved_models, docs_jsonl, tmp_path, monkeypatch):
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, "Read-only file system")
+    _fail_if_loaded(monkeypatch)
+    monkeypatch.setattr("modelshrink.artifacts.tempfile.mkstemp", read_only)
+    result = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", tmp_path / "out")
+    one_line_error(result, "cannot be written: Read-only file system")
+    assert not (tmp_path / "out").exists() and not staging_path(tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(os.access("/sys", os.W_OK) and not os.path.ismount("/sys"), reason="needs a read-only /sys")
+def test_a_real_read_only_filesystem_is_refused(saved_models, docs_jsonl, tmp_path):
+    probe = subprocess.run(["touch", "/sys/modelshrink-probe"], capture_output=True)
+    if probe.returncode == 0:
+        os.unlink("/sys/modelshrink-probe")
+        pytest.skip("/sys is writable here")
+    result = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", "/sys/modelshrink-out")
+    one_line_error(result, "output /sys/modelshrink-out cannot be written")
+
+
+def test_a_full_filesystem_is_refused_before_loading(saved_models, docs_jsonl, tmp_path, monkeypatch):
+    import shutil
+
+    _fail_if_loaded(monkeypatch)
+    monkeypatch.setattr("modelshrink.artifacts.shutil.disk_usage", lambda p: shutil._ntuple_diskusage(10, 10, 0))
+    result = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", tmp_path / "out")
+    one_line_error(result, "only 0 bytes are free")
+
+
+def test_no_space_left_mid_run_is_one_line_and_keeps_the_run(saved_models, docs_jsonl, tmp_path, monkeypatch):
+    real = shards.run_part
+
+    def full(batches, launch, staging, run, total, progress=None):
+        real(list(batches)[:1], launch, staging, run, total)  # one batch made it to disk
+        raise OSError(errno.ENOSPC, "No space left on device", str(shards.part_path(staging, 0, 1)))
+
+    monkeypatch.setattr(shards, "run_part", full)
+    out = tmp_path / "out"
+    result = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", out, "--batch-size", "2", "--quiet")
+    line = one_line_error(result, "No space left on device writing", "part-00000-of-00001.jsonl",
+                          f"The unfinished run is kept in {staging_path(out)}", "keeping the rows already written")
+    assert line.endswith("--resume")  # (the command itself is sys.argv's, pytest's here; see the Ctrl-C test)
+    monkeypatch.setattr(shards, "run_part", real)
+    resumed = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", out, "--batch-size", "2", "--resume")
+    assert resumed.exit_code == 0, resumed.stderr
+    manifest = json.loads((out / "modelshrink.json").read_text())
+    assert manifest["metrics"]["generated_this_run"] == len(DOCUMENTS) - 2
+
+
+def test_a_full_disk_inside_a_library_is_one_line_too(saved_models, docs_jsonl, tmp_path, monkeypatch):
+    def full(*a, **k):  # how safetensors reports it
+        raise RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                           'message: "No space left on device" })')
+
+    monkeypatch.setattr("modelshrink.quantize.save_quantized", full)
+    result = invoke("quantize", saved_models["bart"], "-o", tmp_path / "q", "--method", "direct", "--bits", "8-8-8")
+    one_line_error(result, "No space left on device", "Nothing was written.", mid_run=True)
+    assert not staging_path(tmp_path / "q").exists()
+
+
+# --- Ctrl-C -----------------------------------------------------------------------------------------
+
+def test_ctrl_c_keeps_the_run_and_prints_the_command_that_continues_it(saved_models, tmp_path):
+    rows = [{"id": f"d{i}", "document": DOCUMENTS[i % 12], "summary": SUMMARIES[i % 12]} for i in range(40)]
+    data = write_jsonl(tmp_path / "many.jsonl", rows)
+    out = tmp_path / "pl"
+    args = ["pseudolabel", str(saved_models["bart"]), str(data), "-o", str(out), "--batch-size", "1",
+            "--min-length", "30", "--max-length", "30", "--device", "cpu"]
+    process = subprocess.Popen([sys.executable, "-m", "modelshrink", *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=ENV)
+    part = shards.part_path(staging_path(out), 0, 1)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (part.exists() and part.stat().st_size):
+        time.sleep(0.02)
+    assert process.poll() is None, "the run finished before it could be interrupted"
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert not out.exists() and staging_path(out).is_dir()
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Interrupted. The unfinished run is kept in {staging_path(out)}; continue it keeping "
+                           "the rows already written with: modelshrink pseudolabel"), last
+    command = shlex.split(last.split(" with: ", 1)[1])
+    assert command[1:] == [*args, "--resume"]
+    resumed = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, env=ENV)
+    assert resumed.returncode == 0, resumed.stderr
+    assert len((out / "data.jsonl").read_text().splitlines()) == 40
+
+
+def test_ctrl_c_in_a_step_without_resume_says_nothing_was_written(saved_models, tmp_path, monkeypatch):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("modelshrink.quantize.save_quantized", interrupted)
+    result = invoke("quantize", saved_models["bart"], "-o", tmp_path / "q", "--method", "direct")
+    assert result.exit_code == 130
+    assert result.stderr.strip().splitlines()[-1] == "Interrupted. Nothing was written."
+    assert not staging_path(tmp_path / "q").exists()
+
+
+def test_a_leftover_folder_of_a_step_without_resume_gets_an_honest_hint(saved_models, tmp_path):
+    staging_path(tmp_path / "onnx").mkdir()
+    result = invoke("export", saved_models["bart"], "-o", tmp_path / "onnx")
+    line = one_line_error(result, "an unfinished earlier run left", "pass --overwrite to start over")
+    assert "--resume" not in line
+
+
+# --- progress on a non-terminal -------------------------------------------------------------------
+
+def test_progress_is_plain_lines_off_a_terminal_and_quiet_prints_none(saved_models, docs_jsonl, tmp_path):
+    env = {"MODELSHRINK_PROGRESS_SECONDS": "0"}
+    result = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", tmp_path / "a", "--batch-size", "4",
+                    env=env)
+    assert result.exit_code == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    n = len(DOCUMENTS)
+    assert lines[0] == f"pseudolabel: 0/{n} docs (0%)"
+    assert lines[-1].startswith(f"pseudolabel: {n}/{n} docs (100%), ") and lines[-1].endswith(", done")
+    assert any(" docs/s, elapsed " in line and ", ETA " in line for line in lines[1:-1]), lines
+    assert not any("━" in line or "\x1b" in line for line in lines)
+    quiet = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", tmp_path / "b", "--quiet", env=env)
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+
+
+def test_training_progress_lines(saved_models, docs_jsonl, tmp_path):
+    result = invoke("distill", docs_jsonl, "-o", tmp_path / "s", "--teacher", saved_models["bart"],
+                    "--decoder-layers", "1", "--max-steps", "3", "--batch-size", "4", "--log-every", "1",
+                    env={"MODELSHRINK_PROGRESS_SECONDS": "0"})
+    assert result.exit_code == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("distill: ")]
+    assert lines[0].startswith("distill: 1/3 steps (33%), loss ") and lines[0].endswith(" tok/s"), lines
+    assert lines[-1].startswith("distill: 3/3 steps (100%), loss ") and " steps/s, elapsed " in lines[-1], lines
+    assert lines[-1].endswith(", done")
