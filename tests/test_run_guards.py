@@ -79,6 +79,22 @@ def test_a_live_run_blocks_resume_overwrite_and_a_plain_rerun(saved_models, docs
     assert (staging_path(out) / locks.LOCK_NAME).is_file()  # the live run's folder is untouched
 
 
+@pytest.mark.parametrize("step", ["distill", "quantize", "quantize-direct", "contrastive", "eval", "export"])
+def test_every_step_refuses_an_output_a_live_run_is_writing(step, saved_models, classifier_path, docs_jsonl,
+                                                            tmp_path, sleeper):
+    sentences = write_jsonl(tmp_path / "sst.jsonl", [{"sentence": d, "label": i % 2} for i, d in enumerate(DOCUMENTS)])
+    out = tmp_path / "out"
+    args = {"distill": ["distill", docs_jsonl, "--teacher", saved_models["bart"], "--decoder-layers", "1", "--max-steps", "1"],
+            "quantize": ["quantize", saved_models["bart"], "--data", docs_jsonl, "--max-steps", "1"],
+            "quantize-direct": ["quantize", saved_models["bart"], "--method", "direct"],
+            "contrastive": ["contrastive", sentences, "--teacher", classifier_path, "--layers", "1", "--max-steps", "1"],
+            "eval": ["eval", saved_models["bart"], docs_jsonl],
+            "export": ["export", saved_models["bart"]]}[step]
+    write_lock(staging_path(out), sleeper)
+    for extra in ([], ["--overwrite"]):
+        one_line_error(invoke(*args, "-o", out, *extra), f"another run (pid {sleeper} on")
+
+
 def test_a_dead_runs_lock_does_not_block(saved_models, docs_jsonl, tmp_path):
     out = tmp_path / "pl"
     write_lock(staging_path(out), dead_pid())
