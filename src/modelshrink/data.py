@@ -2,13 +2,23 @@
 modelshrink dataset artifacts, and hub dataset names (where the local cache has them).
 
 Rows are streamed: files are read line by line or batch by batch, never loaded whole.
+
+Bad input is one UserError naming the file and the line (the row, for Parquet and `datasets`), never a
+traceback; the rules shared with the torch-free runtime live in `runtime.jsonl` (lines) and
+`runtime.columns` (what counts as text):
+- a UTF-8 byte order mark is dropped and CRLF reads as LF, in JSON Lines and CSV/TSV, plain or gzip;
+- blank lines are skipped; a line that is not a JSON object, a CSV row with more or fewer fields than its
+  header, bytes that are not UTF-8 and damaged or truncated gzip data are refused with their line number;
+- a file with no rows is refused ("FILE has no rows");
+- `examples()` refuses a row whose text is missing, null, empty, or not a string (a number, array, object),
+  and, when a summary column is read, a row whose summary is missing, null or not a string (an empty summary
+  is kept). Rows are never skipped quietly, so ids and counts stay those of the file.
 """
 
 from __future__ import annotations
 
 import csv
-import gzip
-import io
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +27,8 @@ from typing import Any, Iterator
 from modelshrink.artifacts import read_manifest
 from modelshrink.errors import UserError
 # Which column is the text, the summary, the id: one rule, shared with the torch-free runtime.
-from modelshrink.runtime.columns import ID_COLUMNS, pick_columns
-from modelshrink.runtime.jsonl import read_jsonl
+from modelshrink.runtime.columns import ID_COLUMNS, pick_columns, text_problem
+from modelshrink.runtime.jsonl import numbered_jsonl, text_lines
 
 __all__ = ["DataSource", "Example", "examples", "open_data", "pick_columns", "unique_keys"]
 
@@ -26,15 +36,15 @@ _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".ndjson")
 _CSV_SUFFIXES = (".csv", ".tsv", ".csv.gz", ".tsv.gz")
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+# The csv module refuses a field over 128 KiB unless told otherwise, and a long document is one field. The
+# limit is process-wide, so it is only ever raised (2**31 - 1: the largest every platform's C long holds).
+_CSV_FIELD_LIMIT = 2**31 - 1
 
 
 @dataclass
 class DataSource:
-    """A dataset to stream. `rows()` yields plain dicts, in file order."""
+    """A dataset to stream. `rows()` yields plain dicts, in file order; `numbered_rows()` pairs each with its
+    line number in the file (None for Parquet and `datasets`, whose rows have no lines)."""
 
     spec: str
     format: str
@@ -43,48 +53,97 @@ class DataSource:
     _hf: Any = None  # a `datasets.Dataset` for save_to_disk folders and hub names
 
     @property
+    def name(self) -> str:
+        """What messages call this data: the file read, else the path or name given."""
+        return str(self.path) if self.path is not None and self._hf is None else self.spec
+
+    @property
     def columns(self) -> list[str]:
         if self._hf is not None:
             return list(self._hf.column_names)
         if self.format == "parquet":
-            import pyarrow.parquet as pq
-
-            return list(pq.ParquetFile(self.path).schema_arrow.names)
-        for row in self.rows():
-            return list(row.keys())
-        return []
+            return list(self._parquet_file().schema_arrow.names)
+        return list(next(self.rows()))  # rows() raises UserError when there is none
 
     def rows(self) -> Iterator[dict[str, Any]]:
+        for _, row in self.numbered_rows():
+            yield row
+
+    def numbered_rows(self) -> Iterator[tuple[int | None, dict[str, Any]]]:
+        """(line number or None, row) for every row; a UserError when there is no row at all."""
+        count = 0
+        for count, numbered in enumerate(self._numbered_rows(), start=1):
+            yield numbered
+        if count == 0:
+            raise UserError(f"{self.name} has no rows")
+
+    def _numbered_rows(self) -> Iterator[tuple[int | None, dict[str, Any]]]:
         if self._hf is not None:
-            yield from self._hf
+            for row in self._hf:
+                yield None, row
         elif self.format == "jsonl":
-            yield from self._jsonl_rows()
+            yield from numbered_jsonl(self.path)
         elif self.format == "csv":
             yield from self._csv_rows()
         elif self.format == "parquet":
-            import pyarrow.parquet as pq
+            yield from self._parquet_rows()
 
-            for batch in pq.ParquetFile(self.path).iter_batches(batch_size=1024):
-                yield from batch.to_pylist()
+    def _csv_rows(self) -> Iterator[tuple[int, dict[str, str]]]:
+        csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
+        delimiter = "\t" if ".tsv" in self.path.name.lower() else ","
+        # strict: an unclosed or stray quote is an error at its line, not rows silently merged into one field.
+        reader = csv.reader((line for _, line in text_lines(self.path)), delimiter=delimiter, strict=True)
+        header = None
+        while True:
+            start = reader.line_num + 1  # the first line of the next record (a quoted field may span lines)
+            try:
+                fields = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as e:
+                raise UserError(f"{self.path}: line {start} is not valid CSV ({e})") from None
+            if not fields:  # a blank line
+                continue
+            if header is None:
+                header = _csv_header(self.path, start, fields)
+            elif len(fields) != len(header):
+                raise UserError(f"{self.path}: line {start} has {_fields(len(fields))}; the header has "
+                                f"{_fields(len(header))}")
+            else:
+                yield start, dict(zip(header, fields))
 
-    def _jsonl_rows(self) -> Iterator[dict[str, Any]]:
-        yield from read_jsonl(self.path)
+    def _parquet_file(self) -> Any:
+        import pyarrow
+        import pyarrow.parquet as pq
 
-    def _csv_rows(self) -> Iterator[dict[str, Any]]:
-        delimiter = "\t" if ".tsv" in self.path.name else ","
         try:
-            with _open_text(self.path) as f:
-                reader = csv.DictReader(f, delimiter=delimiter)
-                for row in reader:
-                    if None in row:
-                        raise UserError(f"{self.path}: line {reader.line_num} has more fields than the header")
-                    yield row
-        except UnicodeDecodeError as e:
-            raise UserError(f"{self.path} is not UTF-8 text ({e.reason})") from None
-        except csv.Error as e:
-            raise UserError(f"{self.path}: not valid CSV ({e})") from None
-        except OSError as e:
-            raise UserError(f"cannot read {self.path}: {e}") from None
+            return pq.ParquetFile(self.path)
+        except (pyarrow.ArrowException, OSError) as e:
+            raise UserError(f"cannot read {self.path}: {_first_line(e)}") from None
+
+    def _parquet_rows(self) -> Iterator[tuple[None, dict[str, Any]]]:
+        import pyarrow
+
+        done = 0
+        try:
+            for batch in self._parquet_file().iter_batches(batch_size=1024):
+                for row in batch.to_pylist():
+                    yield None, row
+                done += batch.num_rows
+        except (pyarrow.ArrowException, OSError) as e:
+            raise UserError(f"cannot read {self.path}: damaged Parquet data after row {done} "
+                            f"({_first_line(e)})") from None
+
+
+def _fields(count: int) -> str:
+    return f"{count} field" if count == 1 else f"{count} fields"
+
+
+def _csv_header(path: Path, line: int, names: list[str]) -> list[str]:
+    twice = next((name for name in names if names.count(name) > 1), None)
+    if twice is not None:
+        raise UserError(f"{path}: line {line}, the header, names column '{twice}' twice")
+    return names
 
 
 def _looks_like_hub_name(spec: str) -> bool:
@@ -136,7 +195,7 @@ def open_data(spec: str | os.PathLike, split: str | None = None) -> DataSource:
                 path / "dataset_dict.json").is_file():
             import datasets
 
-            loaded = datasets.load_from_disk(str(path))
+            loaded = _load_from_disk(path)
             if isinstance(loaded, datasets.DatasetDict):
                 loaded = _pick_split(loaded, split, spec)
             return DataSource(spec, "datasets", path, split, _hf=loaded)
@@ -163,15 +222,41 @@ def open_data(spec: str | os.PathLike, split: str | None = None) -> DataSource:
     raise UserError(f"data {spec} does not exist")
 
 
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _saved_without_rows(state: Path) -> bool:
+    """Whether a `datasets` state.json lists no data files: how datasets saves a dataset of no rows, which
+    load_from_disk then fails to read back (IndexError)."""
+    try:
+        return json.loads(state.read_text(encoding="utf-8")).get("_data_files") == []
+    except (OSError, ValueError, AttributeError):
+        return False  # unreadable or not a state: load_from_disk says why
+
+
+def _load_from_disk(path: Path) -> Any:
+    import datasets
+    import pyarrow
+
+    for state in [path / "state.json", *path.glob("*/state.json")]:  # the dataset, or each split of a dict
+        if state.is_file() and _saved_without_rows(state):
+            raise UserError(f"{state.parent} has no rows")
+    try:
+        return datasets.load_from_disk(str(path))
+    except (OSError, ValueError, pyarrow.ArrowException) as e:  # missing or damaged files, bad JSON in them
+        raise UserError(f"cannot read {path} as a `datasets` save_to_disk folder: {_first_line(e)}") from None
+
+
 def _open_hub_dataset(name: str, split: str | None) -> DataSource:
     import datasets
 
     try:
         loaded = datasets.load_dataset(name, split=split)
     except Exception as e:  # datasets raises many types for "not cached / not found / offline"
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"data {name} is not a local path, and loading it as a hub dataset failed "
-                        f"(offline and not in the cache?): {first_line}") from None
+                        f"(offline and not in the cache?): {_first_line(e)}") from None
     if isinstance(loaded, datasets.DatasetDict):
         loaded = _pick_split(loaded, split, name)
     return DataSource(name, "hub", None, split, _hf=loaded)
@@ -187,19 +272,27 @@ class Example:
 
 def examples(source: DataSource, text_column: str, summary_column: str | None = None,
              id_column: str | None = None, limit: int | None = None) -> Iterator[Example]:
-    """Stream `Example`s in input order; rows without an id get their 0-based index as id."""
-    for index, row in enumerate(source.rows()):
+    """Stream `Example`s in input order; rows without an id get their 0-based index as id. A row without
+    text, or without a summary when `summary_column` is read, is a UserError naming its line and row."""
+    for index, (line, row) in enumerate(source.numbered_rows()):
         if limit is not None and index >= limit:
             return
-        document = row.get(text_column)
-        if not isinstance(document, str):
-            raise UserError(f"{source.spec}: row {index + 1} has no text in column '{text_column}' "
-                            f"(found {type(document).__name__})")
-        reference = row.get(summary_column) if summary_column else None
-        if reference is not None and not isinstance(reference, str):
-            reference = str(reference)
+        problem = text_problem(row, text_column)
+        if problem:
+            raise UserError(f"{_where(source, line, index)} has no text: {problem}")
+        if summary_column:
+            problem = text_problem(row, summary_column, allow_empty=True)
+            if problem:
+                raise UserError(f"{_where(source, line, index)} has no summary: {problem}")
         ident = row.get(id_column) if id_column else next((row[c] for c in ID_COLUMNS if c in row), None)
-        yield Example(index, str(index) if ident is None else str(ident), document, reference)
+        yield Example(index, str(index) if ident is None else str(ident), row[text_column],
+                      row[summary_column] if summary_column else None)
+
+
+def _where(source: DataSource, line: int | None, index: int) -> str:
+    """Where a row is: "docs.jsonl: line 7, row 6" (blank lines and a CSV header make the two differ), or
+    "x.parquet: row 6"."""
+    return f"{source.name}: line {line}, row {index + 1}" if line is not None else f"{source.name}: row {index + 1}"
 
 
 def unique_keys(ids: list[str]) -> list[str]:

@@ -4,18 +4,46 @@ so that `run`, `eval`, `distill` and `pseudolabel` read the same column of the s
 Named columns win. Otherwise the first (text, summary) pair present is taken; failing that, the first text
 column present (documents before sentences; `sentence` before `question`, so QNLI's question/sentence pairs
 read the sentence).
+
+What counts as text (`text_problem`): a string with something besides white space in it and no unpaired UTF-16
+surrogate (a broken "\\ud83d" escape, which no tokenizer or UTF-8 file accepts). A missing or null value, a
+number, boolean, array or object is not text. Such a row is refused, not skipped: a row with no document is a
+data bug to fix, and dropping it quietly would change what was trained or scored and shift the id of every
+later row that has none. Summaries may be empty (a teacher can generate an empty one) but must be strings.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from .errors import UserError
+from .jsonl import json_type
 
 # (text, summary) column pairs recognised without --text-column / --summary-column, in order.
 COLUMN_PAIRS = (("document", "summary"), ("article", "highlights"), ("dialogue", "summary"), ("text", "summary"))
 TEXT_COLUMNS = ("document", "article", "dialogue", "text", "sentence", "sentence1", "question", "source")
 ID_COLUMNS = ("id", "guid", "idx")
+
+
+def text_problem(row: Mapping[str, Any], column: str, allow_empty: bool = False) -> str | None:
+    """Why `row[column]` is not text a model can read ("column 'document' is null"), or None when it is."""
+    if column not in row:
+        return f"column '{column}' is missing"
+    value = row[column]
+    if value is None:
+        return f"column '{column}' is null"
+    if not isinstance(value, str):
+        kind = json_type(value)
+        return f"column '{column}' holds {'an' if kind[0] in 'aeiou' else 'a'} {kind}, expected a string"
+    if not allow_empty and (not value or value.isspace()):
+        return f"column '{column}' is empty"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:  # only a surrogate fails: every other code point has UTF-8 bytes
+            return (f"column '{column}' holds an unpaired surrogate \\u{ord(value[e.start]):04x} at character "
+                    f"{e.start + 1} (a broken \\u escape), which is not text")
+    return None
 
 
 def detect_text_column(columns: Sequence[str], summary_given: bool = False) -> str | None:
