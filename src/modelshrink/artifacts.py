@@ -192,7 +192,9 @@ def pin_run(staging: Path, options: dict[str, Any], parents: list[dict[str, Any]
     """Record what an unfinished run was started with, or check that a resumed run matches it: the
     same options (except `may_change`) and inputs with the same content."""
     check_run(staging, options, parents, may_change)
-    (staging / RUN_FILE).write_text(json.dumps(_run_record(options, parents, may_change), indent=2))
+    temporary = staging / (RUN_FILE + ".tmp")  # a kill mid-write must not leave a torn record
+    temporary.write_text(json.dumps(_run_record(options, parents, may_change), indent=2))
+    os.replace(temporary, staging / RUN_FILE)
 
 
 class ArtifactWriter:

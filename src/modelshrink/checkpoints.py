@@ -1,13 +1,19 @@
 """Checkpoints of the training loop, without pickles: weights and optimizer tensors are safetensors,
-everything else (where the run stands, the schedule, the fp16 loss scale) JSON."""
+everything else (where the run stands, the schedule, the fp16 loss scale) JSON.
+
+A run may be killed at any instant (kill -9, a lost machine). A checkpoint or a best-weights folder
+is written under a `.tmp` name, flushed to disk and renamed, so it exists whole or not at all; older
+ones are deleted only after that. The weights validated best live in `best/step-N`, apart from the
+checkpoints, and the ones the latest checkpoint names stay until a newer checkpoint names others."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
@@ -25,6 +31,8 @@ class TrainState:
     evals_without_gain: int = 0
     seconds: float = 0.0
     last_eval_step: int | None = None
+    tokens_since_log: int = 0  # counted in the next train_log line
+    last_loss: float | None = None
 
 
 def _save_optimizer(optimizer: torch.optim.Optimizer, folder: Path) -> None:
@@ -67,8 +75,24 @@ def save_checkpoint(folder: Path, model: Any, optimizer: torch.optim.Optimizer, 
     if scaler is not None:
         record["scaler"] = scaler.state_dict()  # plain numbers: scale, growth factors, growth tracker
     (partial / "state.json").write_text(json.dumps(record, indent=2))
+    _sync(partial)
     shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)  # a checkpoint folder exists only once it is whole
+    _sync(folder.parent)  # the rename itself, before `prune_checkpoints` may delete the one before
+
+
+def _sync(folder: Path) -> None:
+    """Flush `folder`'s files and the folder itself to disk, so that a machine that goes down (not only
+    a killed process) finds a checkpoint whole or not at all."""
+    for path in [*(p for p in folder.iterdir() if p.is_file()), folder]:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:  # a folder cannot be opened on Windows; its rename is durable there anyway
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def load_checkpoint(folder: Path, model: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
@@ -88,7 +112,58 @@ def load_checkpoint(folder: Path, model: Any, optimizer: torch.optim.Optimizer, 
     return TrainState(**saved)
 
 
+def _checkpoints(workdir: Path) -> list[Path]:
+    """The whole checkpoints in `workdir`, oldest first."""
+    return sorted((p for p in (workdir / "checkpoints").glob("step-*") if not p.name.endswith(".tmp")),
+                  key=lambda p: int(p.name.split("-")[1]))
+
+
 def latest_checkpoint(workdir: Path) -> Path | None:
-    found = sorted((p for p in (workdir / "checkpoints").glob("step-*") if not p.name.endswith(".tmp")),
-                   key=lambda p: int(p.name.split("-")[1]))
+    found = _checkpoints(workdir)
     return found[-1] if found else None
+
+
+def prune_checkpoints(workdir: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` checkpoints, oldest first, and the half-written ones an
+    earlier run left; returns what it deleted. Called once a new checkpoint is whole (and keep >= 1),
+    so the one a resume reads is never among them."""
+    found = _checkpoints(workdir)
+    doomed = found[:max(0, len(found) - keep)] + sorted((workdir / "checkpoints").glob("step-*.tmp"))
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+# ---------------------------------------------------------------- the best weights
+
+def best_folder(workdir: Path, step: int) -> Path:
+    """Where the weights validated best at `step` wait for the end of the run."""
+    return workdir / "best" / f"step-{step}"
+
+
+def write_best(save: Callable[[Any, Path], None], model: Any, workdir: Path, step: int) -> None:
+    """`save(model, folder)` into `best_folder(workdir, step)`, which exists only once it is whole."""
+    folder = best_folder(workdir, step)
+    partial = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(partial, ignore_errors=True)
+    save(model, partial)
+    _sync(partial)
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    _sync(folder.parent)
+
+
+def prune_best(workdir: Path, keep: set[int | None]) -> None:
+    """Delete the best weights of every step but `keep`'s (and half-written ones). A run keeps the
+    best its latest checkpoint names until a newer checkpoint names a newer one: a run resumed from
+    that checkpoint must find the weights it calls best, whatever the lost steps after it saved."""
+    for path in (workdir / "best").glob("*"):
+        name = path.name
+        step = int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else None
+        if step is not None and step in keep:
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink()
+

@@ -20,10 +20,10 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-# A resumed run may extend its budget or change how often it logs, validates and saves.
-# Gradient checkpointing changes memory and time, not results.
-MAY_CHANGE_ON_RESUME = ("max_steps", "epochs", "eval_every", "save_every", "log_every", "device", "early_stopping",
-                        "gradient_checkpointing")
+# A resumed run may extend its budget or change how often it logs, validates and saves, and how
+# many checkpoints it keeps. Gradient checkpointing changes memory and time, not results.
+MAY_CHANGE_ON_RESUME = ("max_steps", "epochs", "eval_every", "save_every", "save_total_limit", "log_every", "device",
+                        "early_stopping", "gradient_checkpointing")
 
 
 def finished(output: str | Path, *, overwrite: bool, resume: bool, log: Callable[[str], None]) -> bool:
@@ -89,11 +89,13 @@ def open_run(accelerator: Any, writer: Any, recorded: dict[str, Any], parents: l
 
 def keep_best(workdir: Path, result: Any, save_final: Callable[[Path], None]) -> None:
     """Leave in `workdir` the weights to publish: the best validated ones where validation saved
-    some, else the final ones (`save_final(folder)`); then drop the training leftovers."""
+    them (`best/step-N`, N the best step), else the final ones (`save_final(folder)`); then drop the
+    training leftovers (best weights, checkpoints)."""
     from modelshrink.artifacts import RUN_FILE
+    from modelshrink.checkpoints import best_folder
 
-    best = workdir / "best"
-    if result is not None and result.best is not None and best.is_dir():
+    best = best_folder(workdir, result.best["step"]) if result is not None and result.best is not None else None
+    if best is not None and best.is_dir():
         for f in best.iterdir():
             shutil.move(str(f), workdir / f.name)
     else:

@@ -3,7 +3,8 @@
 A task hands the loop a model, its examples, a collate function and a loss; the loop owns the rest:
 AdamW with linear warmup and decay, gradient accumulation and clipping, batches by size or by a
 token budget, periodic validation with best-checkpoint selection and early stopping, a JSON Lines
-log, checkpoints and resume (`modelshrink.checkpoints`), and a stop on a NaN/inf loss. It runs
+log, checkpoints (the newest `--save-total-limit` kept) and an exact resume, even after a kill -9
+(`modelshrink.checkpoints`), and a stop on a NaN/inf loss. It runs
 unchanged under `accelerate launch` (several processes or machines): each process takes every
 world_size-th batch, DDP averages the gradients, and only the main process validates, writes and
 reports progress.
@@ -25,7 +26,8 @@ from typing import Any, Callable
 
 import torch
 
-from modelshrink.checkpoints import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
+from modelshrink.checkpoints import (TrainState, latest_checkpoint, load_checkpoint, prune_best,
+                                     prune_checkpoints, save_checkpoint, write_best)
 from modelshrink.errors import UserError
 from modelshrink.options.train import TrainOptions
 
@@ -144,9 +146,17 @@ class _Log:
             return
         if resumed_at is None:
             self.path.unlink()
-        else:  # drop lines written after the checkpoint
-            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resumed_at]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:  # torn: the process was killed while writing it
+                break
+            if entry["step"] > resumed_at:  # written after the checkpoint: the resumed run writes it again
+                break
+            kept.append(line)
+        self.path.write_text("".join(line + "\n" for line in kept))
 
     def write(self, entry: dict[str, Any]) -> None:
         if self.main:
@@ -180,6 +190,12 @@ class _Validation:
     workdir: Path
     train_log: _Log
     log: Callable[[str], None]
+    anchor: int | None = None  # the best step the latest checkpoint names: its weights stay until a newer one
+
+    def checkpointed(self, state: TrainState) -> None:
+        """A checkpoint of `state` is whole: the best it names is the one a resume needs."""
+        self.anchor = state.best["step"] if state.best else None
+        prune_best(self.workdir, {self.anchor})
 
     def __call__(self, ddp: Any, state: TrainState) -> bool:
         """Validate now; returns whether to stop early (the same on every process)."""
@@ -196,7 +212,8 @@ class _Validation:
                 state.best = {"step": state.step, "score": score, "metric": metric, "metrics": metrics}
                 state.evals_without_gain = 0
                 if self.save_best is not None:
-                    self.save_best(self.accelerator.unwrap_model(ddp), self.workdir / "best")
+                    write_best(self.save_best, self.accelerator.unwrap_model(ddp), self.workdir, state.step)
+                    prune_best(self.workdir, {state.step, self.anchor})
             else:
                 state.evals_without_gain += 1
             self.train_log.write({"step": state.step, "event": "validation", **metrics,
@@ -264,6 +281,7 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, model, optimizer, scheduler, accelerator.scaler)
         train_log.start(resumed_at=state.step)
+        train_log.window_tokens = state.tokens_since_log
         log(f"resuming from {checkpoint.name}")
     else:
         state = TrainState()
@@ -277,10 +295,15 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
     ddp.train()
     validation = (_Validation(validate, save_best, options, accelerator, workdir, train_log, log)
                   if validate is not None else None)
+    if validation and main:  # drop the bests a killed run saved after its last checkpoint
+        validation.checkpointed(state)
 
     started = time.perf_counter() - state.seconds
     train_log.window_start = time.perf_counter()
-    last_loss, stopped_early = None, False
+    # A checkpoint written where early stopping stopped the run (then killed before its output was
+    # written) stops it again; a larger --early-stopping on resume lets it go on.
+    patience = options.early_stopping
+    stopped_early = patience is not None and state.evals_without_gain >= patience
     while state.step < total and not stopped_early:
         mine = _my_batches(lengths, options, state.epoch, accelerator)
         for position in range(state.batch_in_epoch, len(mine), options.grad_accum):
@@ -296,15 +319,19 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
             state.batch_in_epoch = position + len(group)
             tokens = _sum(accelerator, tokens)  # all processes' tokens
             state.tokens += tokens
-            last_loss = parts.get("loss")
+            state.last_loss = parts.get("loss")
             train_log.step(state, tokens, parts, scheduler.get_last_lr()[0], len(mine), options.log_every, total,
                            progress)
             state.seconds = time.perf_counter() - started
             if validation and options.eval_every and state.step % options.eval_every == 0:
                 stopped_early = validation(ddp, state)
             if options.save_every and state.step % options.save_every == 0 and main:
+                state.tokens_since_log = train_log.window_tokens
                 save_checkpoint(workdir / "checkpoints" / f"step-{state.step}", accelerator.unwrap_model(ddp),
                                 optimizer, scheduler, state, accelerator.scaler)
+                prune_checkpoints(workdir, options.save_total_limit)  # only now that the new one is whole
+                if validation:
+                    validation.checkpointed(state)
             accelerator.wait_for_everyone()
             if state.step >= total or stopped_early:
                 break
@@ -318,7 +345,7 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
     epochs = round(state.epoch + state.batch_in_epoch / max(1, per_epoch * options.grad_accum), 4)
     return TrainResult(steps=state.step, epochs=epochs, train_tokens=state.tokens, seconds=round(seconds, 3),
                        tokens_per_second=round(state.tokens / seconds, 1) if seconds > 0 else 0.0,
-                       final_loss=last_loss, best=state.best,
+                       final_loss=state.last_loss, best=state.best,
                        validation=state.best["metrics"] if state.best else None)
 
 

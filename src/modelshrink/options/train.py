@@ -35,6 +35,8 @@ class TrainOptions(Options):
     seed: int = opt(0, "Seed of data order, dropout and new weights.", panel=OPT)
     log_every: int = opt(10, "Write train_log.jsonl every N steps.", panel=OPT, min=1)
     save_every: int | None = opt(None, "Checkpoint every N steps (for --resume).", panel=OPT, min=1)
+    save_total_limit: int = opt(2, "Keep only the newest N checkpoints (the best weights are kept apart); all are "
+                                   "deleted when the run finishes.", panel=OPT, min=1)
     eval_every: int | None = opt(None, "Validate every N steps (and at the end).", panel=VAL, min=1)
     metric: str = opt("rouge2", "Keep the checkpoint best by this.", panel=VAL)
     early_stopping: int | None = opt(None, "Stop after N validations without improvement.", panel=VAL, min=1)
