@@ -120,15 +120,16 @@ class PlainLines:
         self.label, self.unit, self.every = label, unit, every
         self.start: tuple[float, int] | None = None
         self.last_print = -float("inf")
+        self.printed: int | None = None  # `done` of the last line
 
     def update(self, done: int, total: int, extra: str = "") -> None:
         now = time.monotonic()
         if self.start is None:
             self.start = (now, done)
         finished = done >= total
-        if not finished and now - self.last_print < self.every:
+        if (not finished and now - self.last_print < self.every) or (finished and self.printed == done):
             return
-        self.last_print = now
+        self.last_print, self.printed = now, done
         elapsed = now - self.start[0]
         rate = (done - self.start[1]) / elapsed if elapsed > 0 and done > self.start[1] else None
         parts = [f"{self.label}: {done}/{total}" + (f" {self.unit}" if self.unit else "")
