@@ -14,7 +14,7 @@ import torch
 
 from modelshrink.data import open_data
 from modelshrink.errors import UserError
-from modelshrink.runtime.columns import detect_text_column
+from modelshrink.runtime.columns import detect_text_column, text_problem
 
 
 def read_labeled(spec: str, *, split: str | None = None, text_column: str | None = None,
@@ -50,6 +50,10 @@ def read_labeled(spec: str, *, split: str | None = None, text_column: str | None
             label = int(label)
         elif not isinstance(label, (int, float)) or isinstance(label, bool):
             raise UserError(f"{spec}: row {index + 1} has label {label!r}; expected a number")
+        for name in (text_column, text_pair_column):
+            problem = name and text_problem(row, name)
+            if problem:
+                raise UserError(f"{spec}: row {index + 1} has no text: {problem}")
         ident = row.get(id_column) if id_column else row.get("id")
         rows.append({"id": str(index) if ident is None else str(ident), "text": row[text_column],
                      "text_pair": row[text_pair_column] if text_pair_column else None, "label": label})

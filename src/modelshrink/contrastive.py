@@ -35,7 +35,10 @@ def _label_scheme(rows_spec: str, options: ContrastiveOptions) -> dict[str, Any]
     source = open_data(rows_spec, options.split)
     if column not in source.columns:
         raise UserError(f"{rows_spec} has no column '{column}'; columns found: {', '.join(source.columns)}")
-    values = [row[column] for i, row in enumerate(source.rows()) if options.limit is None or i < options.limit]
+    values = [row.get(column) for i, row in enumerate(source.rows()) if options.limit is None or i < options.limit]
+    missing = next((i + 1 for i, v in enumerate(values) if v is None), None)
+    if missing is not None:
+        raise UserError(f"{rows_spec}: row {missing} has no label (column '{column}' is missing or null)")
     if all(isinstance(v, str) for v in values):
         names = sorted(set(values))
         return {"num_labels": len(names), "id2label": dict(enumerate(names)),
@@ -71,7 +74,8 @@ def build_models(options: ContrastiveOptions, log: Callable[[str], None]) -> dic
     teacher = tokenizer = None
     head: dict[str, Any] | None = None
     if options.teacher is not None:
-        teacher, tokenizer = load_classifier(options.teacher, "teacher", options.trust_remote_code)
+        teacher, tokenizer = load_classifier(options.teacher, "teacher", options.trust_remote_code,
+                                             allow_pickle=options.allow_pickle)
         task_of(teacher.config)
         c = teacher.config
         head = {"num_labels": c.num_labels, "id2label": c.id2label, "label2id": c.label2id}
@@ -83,7 +87,7 @@ def build_models(options: ContrastiveOptions, log: Callable[[str], None]) -> dic
         if head is None and not is_classifier(config):
             head = _label_scheme(options.data, options)
         student, student_tok = load_classifier(options.student, "student", options.trust_remote_code,
-                                               new_head=head)
+                                               new_head=head, allow_pickle=options.allow_pickle)
         if teacher is not None:
             why = _same_tokenizer(tokenizer, student_tok)
             if why:
@@ -141,7 +145,7 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     """Train the student (ACKD, or fine-tuning without a teacher) and write a classifier artifact."""
     from modelshrink import classify
     from modelshrink.efficiency import parameter_count
-    from modelshrink.models import resolve_device, save_model, task_of
+    from modelshrink.models import resolve_device, save_model, source_length, task_of
 
     output = Path(output)
     if finished(output, overwrite=overwrite, resume=resume, log=log):
@@ -196,14 +200,16 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     if teacher is not None:
         teacher = place_teacher(teacher, accelerator.device, options.precision)
 
+    max_length = source_length(options.max_length, tokenizer, student.config, "--max-length", preferred=128)
+    resolved["max_length"] = max_length
     parents = parent_refs(("data", options.data), ("teacher", options.teacher), ("student", options.student),
                           ("validation", options.validation))
     staging = open_run(accelerator, writer, options.recorded(), parents)
 
-    examples = classify.tokenize_labeled(rows, tokenizer, options.max_length)
+    examples = classify.tokenize_labeled(rows, tokenizer, max_length)
     for example, c in zip(examples, contrast):
         example["contrast"] = c
-    check = (classify.make_validate(validation, tokenizer, 64, accelerator.device, options.max_length)
+    check = (classify.make_validate(validation, tokenizer, 64, accelerator.device, max_length)
              if validation else None)
     teacher_validation = check(teacher) if check is not None and teacher is not None and main else None
     if not objective.needs_teacher:

@@ -58,15 +58,17 @@ def build_student(options: DistillOptions, device: str, log: Callable[[str], Non
 
     teacher = None
     if options.teacher is not None:
-        teacher, tokenizer, _ = load_seq2seq(options.teacher, "teacher", options.trust_remote_code, "cpu")
+        teacher, tokenizer, _ = load_seq2seq(options.teacher, "teacher", options.trust_remote_code, "cpu",
+                                              allow_pickle=options.allow_pickle)
     if options.init_encoder_decoder is not None:
         encoder, _, decoder = options.init_encoder_decoder.partition(",")
         student, tokenizer = init_encoder_decoder(encoder, decoder or None, options.trust_remote_code, options.seed,
-                                                  options.cross_attention_init)
+                                                  options.cross_attention_init, allow_pickle=options.allow_pickle)
         return {"teacher": None, "student": student, "tokenizer": tokenizer, "maps": None,
                 "origin": {"init_encoder_decoder": options.init_encoder_decoder}}
     if options.student is not None:
-        student, student_tokenizer, _ = load_seq2seq(options.student, "student", options.trust_remote_code, "cpu")
+        student, student_tokenizer, _ = load_seq2seq(options.student, "student", options.trust_remote_code, "cpu",
+                                                              allow_pickle=options.allow_pickle)
         maps = None
         if teacher is not None and options.word_level:
             why = _same_tokenizer(tokenizer, student_tokenizer)
@@ -247,7 +249,7 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
             progress: Callable[[dict[str, Any]], None] | None = None,
             log: Callable[[str], None] = lambda m: None) -> Path:
     """Build the student, train it, and write a model artifact; returns its path."""
-    from modelshrink.models import default_source_length, resolve_device, save_model
+    from modelshrink.models import resolve_device, save_model, source_length
 
     output = Path(output)
     if finished(output, overwrite=overwrite, resume=resume, log=log):
@@ -260,7 +262,7 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     check_widths(built["teacher"], student, options)
     if options.gradient_checkpointing:
         enable_gradient_checkpointing(student)
-    max_source_length = options.max_source_length or default_source_length(tokenizer, student.config)
+    max_source_length = source_length(options.max_source_length, tokenizer, student.config)
     parents = parent_refs(("data", options.data), ("teacher", options.teacher), ("student", options.student),
                           ("validation", options.validation))
     staging = open_run(accelerator, writer, options.recorded(), parents)

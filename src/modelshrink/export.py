@@ -55,15 +55,11 @@ def inspect(spec: str, trust_remote_code: bool = False) -> tuple[str, Any]:
 def _sample_texts(options: ExportOptions, tokenizer: Any, count: int) -> list[str]:
     """Documents to validate with: from --data, else made of the tokenizer's own words."""
     if options.data is not None:
-        from modelshrink.data import open_data, pick_columns
+        from modelshrink.data import examples, open_data, pick_columns
 
         source = open_data(options.data)
         text_column, _ = pick_columns(source.columns, options.text_column, source=options.data)
-        texts = []
-        for row in source.rows():
-            texts.append(str(row[text_column]))
-            if len(texts) == count:
-                break
+        texts = [example.document for example in examples(source, text_column, limit=count)]
         if not texts:
             raise UserError(f"data {options.data} has no rows")
         return texts
@@ -85,9 +81,11 @@ def _load_model(options: ExportOptions) -> tuple[str, Any, Any, Any]:
                         "save the tokenizer beside the model first")
     load_tokenizer(options.model, "model", options.trust_remote_code)  # a missing tokenizer fails here, not later
     if kind == "seq2seq":
-        model, tokenizer, _ = load_seq2seq(options.model, "model", options.trust_remote_code)
+        model, tokenizer, _ = load_seq2seq(options.model, "model", options.trust_remote_code,
+                                          allow_pickle=options.allow_pickle)
     else:
-        model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code)
+        model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code,
+                                           allow_pickle=options.allow_pickle)
     use_eager_attention(model)
     return kind, config, model, tokenizer
 
@@ -124,14 +122,14 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
                  log: LogFn = lambda m: None) -> tuple[Path, dict[str, Any]]:
     """Write the export folder; returns (path, report). A failed check raises `ExportCheckFailed`
     after the folder and its report are written."""
-    from modelshrink.models import default_source_length
+    from modelshrink.models import source_length
 
     writer = ArtifactWriter(output, overwrite=overwrite)
     writer.check()
     kind, config, model, tokenizer = _load_model(options)
     qc = getattr(config, "quantization_config", None)
     quantized = dict(qc) if isinstance(qc, dict) and qc.get("quant_method") == "modelshrink" else None
-    max_source_length = options.max_source_length or default_source_length(tokenizer, model.config)
+    max_source_length = source_length(options.max_source_length, tokenizer, model.config)
     texts = _sample_texts(options, tokenizer, max(options.samples, 2))
     enc = dict(tokenizer(texts[:2], truncation=True, max_length=max_source_length, padding=True, return_tensors="pt"))
     if kind == "classifier" and "token_type_ids" not in enc and config.model_type in TOKEN_TYPE_CLASSIFIERS:

@@ -106,18 +106,19 @@ def _summarize_with_model(options: EvalOptions, docs: list[Any], staging: Path, 
     from modelshrink.attention_stats import cross_attention, evident_bins, summarize_bins
     from modelshrink.efficiency import parameter_count, peak_memory, reset_peak_memory, weight_bytes
     from modelshrink.generation import decode, generate_ids, plan_batches, resolve_generation
-    from modelshrink.models import default_source_length, load_seq2seq
+    from modelshrink.models import load_seq2seq, source_length
     from modelshrink.precision import torch_dtype
 
     if options.attention_plot is not None and options.attention_plot not in {d.id for d in docs}:
         raise UserError(f"--attention-plot: no document with id '{options.attention_plot}' in {options.data}")
     device = launch.device
-    model, tokenizer, family = load_seq2seq(options.model, "model", options.trust_remote_code, device)
+    model, tokenizer, family = load_seq2seq(options.model, "model", options.trust_remote_code, device,
+                                            allow_pickle=options.allow_pickle)
     model.to(torch_dtype(options.dtype))
     settings = resolve_generation(model.generation_config, num_beams=options.num_beams,
                                   length_penalty=options.length_penalty, min_length=options.min_length,
                                   max_length=options.max_length, no_repeat_ngram_size=options.no_repeat_ngram_size)
-    max_source_length = options.max_source_length or default_source_length(tokenizer, model.config)
+    max_source_length = source_length(options.max_source_length, tokenizer, model.config)
     plot_name = None if options.attention_plot is None else "attention-" + "".join(
         c if c.isalnum() or c in "-_." else "_" for c in options.attention_plot) + ".png"
 
@@ -267,7 +268,8 @@ def _classify_with_model(options: EvalOptions, task: str, staging: Path, launch:
     from modelshrink.precision import torch_dtype
 
     device = launch.device
-    model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, device)
+    model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, device,
+                                       allow_pickle=options.allow_pickle)
     model.to(torch_dtype(options.dtype))
     items = _read_items(options, task, model.config.num_labels, model.config.label2id)
     reset_peak_memory(device)

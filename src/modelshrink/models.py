@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from modelshrink.errors import UserError
 from modelshrink.families import ENCODER_DECODER_TYPE, Family, family_of
+from modelshrink.model_files import check_files
 
 
 def _first_line(e: Exception) -> str:
@@ -26,14 +27,18 @@ def _hub_offline() -> bool:
 
 
 def from_pretrained(loader: Callable[..., Any], spec: str, what: str, **kwargs: Any) -> Any:
-    """Call `loader(spec)`: a local folder as is, a hub name from the cache first, then the hub."""
+    """Call `loader(spec)`: a local folder as is, a hub name from the cache first, then the hub. A
+    local folder's JSON files are checked first (`model_files`), so a damaged one is named."""
+    from safetensors import SafetensorError
+
     path = Path(spec).expanduser()
     if path.exists():
         if not path.is_dir():
             raise UserError(f"{what} {spec} is a file; expected a model folder (save_pretrained) or a hub name")
+        check_files(path, what)
         try:
             return loader(str(path), **kwargs)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, SafetensorError) as e:
             raise UserError(f"cannot load {what} from {spec}: {_first_line(e)}") from None
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise UserError(f"{what} {spec} does not exist")
@@ -48,6 +53,29 @@ def from_pretrained(loader: Callable[..., Any], spec: str, what: str, **kwargs: 
         except Exception as e:  # network errors come in many types
             raise UserError(f"{what} {spec} is not a local folder, not in the Hugging Face cache, and could not "
                             f"be downloaded: {_first_line(e)} (cache: {_first_line(cached_error)})") from None
+
+
+def cached_folder(spec: str) -> Path | None:
+    """The folder that holds `spec`: itself when it is a local folder, else the Hugging Face cache's
+    snapshot of the hub name (None when it is not cached)."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(spec, local_files_only=True))
+    except Exception:  # not a hub name, or not cached: the loader says which
+        return None
+
+
+def weights_kwargs(spec: str, what: str, allow_pickle: bool) -> dict[str, Any]:
+    """Check the weights of `spec` before a model loader reads them (damaged safetensors, pickles:
+    see `model_files`); returns what the loader needs to follow the same pickle policy on the hub."""
+    folder = cached_folder(spec)
+    if folder is not None:
+        check_files(folder, what, weights=True, allow_pickle=allow_pickle)
+    return {} if allow_pickle else {"use_safetensors": True}
 
 
 def load_config(spec: str, what: str = "model", trust_remote_code: bool = False) -> Any:
@@ -72,21 +100,23 @@ def describe(config: Any) -> str:
 
 
 def load_seq2seq(spec: str, what: str = "teacher", trust_remote_code: bool = False,
-                 device: str = "cpu") -> tuple[Any, Any, Family]:
-    """Load an encoder-decoder model, its tokenizer and its family adapter, in eval mode."""
+                 device: str = "cpu", allow_pickle: bool = False) -> tuple[Any, Any, Family]:
+    """Load an encoder-decoder model, its tokenizer and its family adapter, in eval mode. Pickle
+    weights are refused unless `allow_pickle` (then read with weights_only)."""
     from transformers import AutoModelForSeq2SeqLM, EncoderDecoderModel
 
     config = load_config(spec, what, trust_remote_code)
     if not getattr(config, "is_encoder_decoder", False):
         raise UserError(f"{what} {spec} is not an encoder-decoder (seq2seq) model: it is {describe(config)}")
     family = family_of(config)
+    weights = weights_kwargs(spec, what, allow_pickle)
     if _quantized(config):
         from modelshrink.quant.model import load_quantized
 
         model = load_quantized(spec)
         return model.to(device).eval(), load_tokenizer(spec, what, trust_remote_code), family
     loader = EncoderDecoderModel if config.model_type == ENCODER_DECODER_TYPE else AutoModelForSeq2SeqLM
-    model = from_pretrained(loader.from_pretrained, spec, what, trust_remote_code=trust_remote_code)
+    model = from_pretrained(loader.from_pretrained, spec, what, trust_remote_code=trust_remote_code, **weights)
     tokenizer = load_tokenizer(spec, what, trust_remote_code)
     model.to(device).eval()
     return model, tokenizer, family
@@ -115,7 +145,8 @@ def is_classifier(config: Any) -> bool:
 
 
 def load_classifier(spec: str, what: str = "model", trust_remote_code: bool = False,
-                    device: str = "cpu", new_head: dict[str, Any] | None = None) -> tuple[Any, Any]:
+                    device: str = "cpu", new_head: dict[str, Any] | None = None,
+                    allow_pickle: bool = False) -> tuple[Any, Any]:
     """Load a sequence classifier and its tokenizer, in eval mode. A pretrained encoder without a
     classification head (e.g. MiniLM) gets a new, randomly initialised one configured by `new_head`
     (num_labels, id2label, label2id, problem_type); without `new_head` it is refused."""
@@ -124,6 +155,7 @@ def load_classifier(spec: str, what: str = "model", trust_remote_code: bool = Fa
     config = load_config(spec, what, trust_remote_code)
     if getattr(config, "is_encoder_decoder", False):
         raise UserError(f"{what} {spec} is a seq2seq model, not a sequence classifier: it is {describe(config)}")
+    weights = weights_kwargs(spec, what, allow_pickle)
     if _quantized(config):
         from modelshrink.quant.model import load_quantized
 
@@ -135,7 +167,7 @@ def load_classifier(spec: str, what: str = "model", trust_remote_code: bool = Fa
                 raise UserError(f"{what} {spec} is not a sequence classifier: it is {describe(config)}")
             head = new_head
         model = from_pretrained(AutoModelForSequenceClassification.from_pretrained, spec, what,
-                                trust_remote_code=trust_remote_code, **head)
+                                trust_remote_code=trust_remote_code, **weights, **head)
         if head:
             model.config.architectures = [type(model).__name__]  # saved as a classifier from now on
     tokenizer = load_tokenizer(spec, what, trust_remote_code)
@@ -159,6 +191,14 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def _positions(config: Any) -> int | None:
+    for holder in (config, getattr(config, "encoder", None)):
+        positions = getattr(holder, "max_position_embeddings", None)
+        if positions:
+            return int(positions)
+    return None
+
+
 def default_source_length(tokenizer: Any, config: Any) -> int:
     """Truncation length for documents: the smaller of the tokenizer's model_max_length and the
     model's positions (a small model built from a config often reuses a bigger model's tokenizer,
@@ -167,9 +207,21 @@ def default_source_length(tokenizer: Any, config: Any) -> int:
     limit = getattr(tokenizer, "model_max_length", None)
     if limit and limit < 100_000:
         limits.append(int(limit))
-    for holder in (config, getattr(config, "encoder", None)):
-        positions = getattr(holder, "max_position_embeddings", None)
-        if positions:
-            limits.append(int(positions))
-            break
+    positions = _positions(config)
+    if positions:
+        limits.append(positions)
     return min(limits) if limits else 1024
+
+
+def source_length(asked: int | None, tokenizer: Any, config: Any, flag: str = "--max-source-length",
+                  preferred: int | None = None) -> int:
+    """The truncation length a step uses: `asked` where given (refused, with one line, when the
+    model has fewer positions), else the default above, capped at `preferred` (a paper's setting)."""
+    positions = _positions(config)
+    if asked is not None:
+        if positions is not None and asked > positions:
+            raise UserError(f"{flag} {asked} is more than the model's {positions} positions "
+                            "(max_position_embeddings); give at most that")
+        return asked
+    default = default_source_length(tokenizer, config)
+    return min(default, preferred) if preferred else default

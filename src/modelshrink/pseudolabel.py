@@ -23,7 +23,7 @@ from modelshrink.artifacts import RUN_FILE, ArtifactWriter, parent_ref
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
 from modelshrink.generation import generate, plan_batches, resolve_generation, sample_seed
-from modelshrink.models import default_source_length, load_seq2seq
+from modelshrink.models import load_seq2seq, source_length
 from modelshrink.options.pseudolabel import PseudolabelOptions
 from modelshrink.plate import attention_temperature, lambdas_by_kind
 from modelshrink.precision import check_precision, torch_dtype
@@ -71,14 +71,15 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
         raise UserError(f"data {options.data} has no rows")
 
     device = launch.device
-    model, tokenizer, family = load_seq2seq(options.teacher, "teacher", options.trust_remote_code, device)
+    model, tokenizer, family = load_seq2seq(options.teacher, "teacher", options.trust_remote_code, device,
+                                            allow_pickle=options.allow_pickle)
     model.to(torch_dtype(options.dtype))
     settings = resolve_generation(
         model.generation_config, num_beams=options.num_beams, length_penalty=options.length_penalty,
         min_length=options.min_length, max_length=options.max_length,
         no_repeat_ngram_size=options.no_repeat_ngram_size, do_sample=options.do_sample, top_p=options.top_p,
         top_k=options.top_k, output_temperature=options.output_temperature)
-    max_source_length = options.max_source_length or default_source_length(tokenizer, model.config)
+    max_source_length = source_length(options.max_source_length, tokenizer, model.config)
     per_row = options.lambda_range is not None
     lambdas = lambdas_by_kind(options.lam, options.lambda_enc, options.lambda_dec, options.lambda_cross, per_row)
     mixed_kinds = len(set(lambdas.values())) > 1

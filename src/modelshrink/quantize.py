@@ -95,9 +95,11 @@ def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, *, 
     writer.check()
     device = resolve_device(options.device)
     if kind == "seq2seq":
-        model, tokenizer, _ = load_seq2seq(options.model, "model", options.trust_remote_code, device)
+        model, tokenizer, _ = load_seq2seq(options.model, "model", options.trust_remote_code, device,
+                                           allow_pickle=options.allow_pickle)
     else:
-        model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, device)
+        model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, device,
+                                           allow_pickle=options.allow_pickle)
     float_params = parameter_count(model)
     counts = quantize_model(model, spec)
     log(f"quantized {counts['linear']} linear layers, {counts['embedding']} embedding modules, "
@@ -134,7 +136,7 @@ def quantize_seq2seq(options: QuantizeOptions, output: str | Path, *, overwrite:
                      progress: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None]) -> Path:
     """Distillation-aware quantization of a seq2seq model (optionally shrunk at the same time)."""
     from modelshrink import distill
-    from modelshrink.models import default_source_length, resolve_device
+    from modelshrink.models import resolve_device, source_length
 
     settings = distillation_settings(options)
     output = Path(output)
@@ -149,7 +151,7 @@ def quantize_seq2seq(options: QuantizeOptions, output: str | Path, *, overwrite:
     if options.gradient_checkpointing:
         enable_gradient_checkpointing(student)
     distill.check_widths(built["teacher"], student, settings)
-    max_source_length = settings.max_source_length or default_source_length(tokenizer, student.config)
+    max_source_length = source_length(settings.max_source_length, tokenizer, student.config)
     parents = parent_refs(("data", settings.data), ("teacher", settings.teacher), ("student", settings.student),
                           ("validation", settings.validation))
     staging = open_run(accelerator, writer, options.recorded(), parents)
@@ -195,7 +197,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
     from modelshrink.distill import _same_tokenizer
     from modelshrink.efficiency import parameter_count
     from modelshrink.families import encoder_layer_count
-    from modelshrink.models import default_source_length, load_classifier, resolve_device, task_of
+    from modelshrink.models import load_classifier, resolve_device, source_length, task_of
     from modelshrink.shrink import spaced_layer_ids
 
     defaults = {f.name: f.default for f in fields(QuantizeOptions)}
@@ -209,8 +211,9 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
     accelerator, writer = start_run(output, resolve_device(options.device), overwrite=overwrite, resume=resume,
                                     precision=options.precision)
     teacher, teacher_tok = load_classifier(options.teacher or options.model, "teacher", options.trust_remote_code,
-                                           "cpu")
-    student, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, "cpu")
+                                           "cpu", allow_pickle=options.allow_pickle)
+    student, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, "cpu",
+                                         allow_pickle=options.allow_pickle)
     why = _same_tokenizer(teacher_tok, tokenizer)
     if why:
         raise UserError(f"teacher and student tokenizers differ ({why}); the distillation losses need the same one")
@@ -231,7 +234,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
     if options.kd_attention:
         teacher.set_attn_implementation("eager")  # the student's quantized attention returns its weights
     teacher = place_teacher(teacher, accelerator.device, options.precision)
-    max_length = options.max_source_length or default_source_length(tokenizer, student.config)
+    max_length = source_length(options.max_source_length, tokenizer, student.config)
     parents = parent_refs(("model", options.model), ("data", options.data), ("teacher", options.teacher))
     staging = open_run(accelerator, writer, options.recorded(), parents)
 

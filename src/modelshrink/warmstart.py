@@ -12,7 +12,7 @@ from typing import Any
 
 from modelshrink.errors import UserError
 from modelshrink.families import ENCODER_DECODER_HALVES
-from modelshrink.models import load_config, load_tokenizer
+from modelshrink.models import load_config, load_tokenizer, weights_kwargs
 
 # Generation defaults written into a warm-started model; fine-tuning may later replace them.
 WARMSTART_GENERATION = dict(num_beams=4, max_length=64, min_length=1, no_repeat_ngram_size=3,
@@ -48,7 +48,7 @@ def _cross_attention_from_self(model: Any) -> int:
 
 
 def init_encoder_decoder(encoder: str, decoder: str | None = None, trust_remote_code: bool = False,
-                         seed: int = 0, cross_attention: str = "self") -> tuple[Any, Any]:
+                         seed: int = 0, cross_attention: str = "self", allow_pickle: bool = False) -> tuple[Any, Any]:
     """Build an EncoderDecoderModel from pretrained encoder(s); returns (model, tokenizer).
 
     `cross_attention="self"` starts the new cross-attention from each decoder layer's pretrained
@@ -59,6 +59,7 @@ def init_encoder_decoder(encoder: str, decoder: str | None = None, trust_remote_
     decoder = decoder or encoder
     for spec, role in ((encoder, "encoder"), (decoder, "decoder")):
         config = load_config(spec, role, trust_remote_code)
+        weights_kwargs(spec, role, allow_pickle)  # damaged or pickle weights: one line
         if config.model_type not in ENCODER_DECODER_HALVES or getattr(config, "is_encoder_decoder", False):
             raise UserError(f"{role} {spec} is a {config.model_type} model; a warm start takes a pretrained "
                             f"encoder of type {', '.join(ENCODER_DECODER_HALVES)}")

@@ -138,7 +138,9 @@ def eval_command(values: dict[str, Any], inputs: list[str], output: Path, json_o
             def evaluate_model(model: str, folder: Path) -> Path:
                 options = EvalOptions(data=compare_data, model=model, device=values["device"],
                                       batch_size=values["batch_size"], limit=values["limit"],
-                                      latency_docs=values["latency_docs"], seed=values["seed"])
+                                      latency_docs=values["latency_docs"], seed=values["seed"],
+                                      trust_remote_code=values["trust_remote_code"],
+                                      allow_pickle=values["allow_pickle"])
                 return evaluate(options, folder, log=log)[0]
 
             path, result = run_compare(inputs, output, evaluate_model=evaluate_model if compare_data else None,

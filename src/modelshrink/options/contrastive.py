@@ -59,8 +59,11 @@ class ContrastiveOptions(TrainOptions):
     split: str | None = opt(None, f"Split of DATA ({SPLITS}).", panel=DATA)
     validation_split: str | None = opt(None, "Split of --validation.", panel=DATA)
     limit: int | None = opt(None, "Use only the first N training rows.", panel=DATA, min=1)
-    max_length: int = opt(128, "Truncate inputs to this many tokens (paper: 128).", panel=DATA, min=1)
+    max_length: int | None = opt(None, "Truncate inputs to this many tokens. [default: 128, the paper's, or the "
+                                       "model's positions or tokenizer limit where smaller]", panel=DATA, min=1)
     trust_remote_code: bool = opt(False, "Allow models' own code from the hub.")
+    allow_pickle: bool = opt(False, "Load pickle weights (pytorch_model.bin) with torch.load(weights_only=True); "
+                                    "refused by default, since pickles can run code.")
 
     def check(self) -> None:
         if self.teacher is None and self.student is None:

@@ -64,6 +64,8 @@ class DistillOptions(TrainOptions):
     summary_column: str | None = opt(None, "Summary column. [default: auto]", panel=DATA)
     limit: int | None = opt(None, "Use only the first N training pairs.", panel=DATA, min=1)
     trust_remote_code: bool = opt(False, "Allow models' own code from the hub.")
+    allow_pickle: bool = opt(False, "Load pickle weights (pytorch_model.bin) with torch.load(weights_only=True); "
+                                    "refused by default, since pickles can run code.")
 
     def check(self) -> None:
         if self.teacher and self.init_encoder_decoder:

@@ -57,6 +57,8 @@ class EvalOptions(GenerationOptions):
     limit: int | None = opt(None, "Use only the first N rows.", panel=COLS, min=1)
     device: str = opt("auto", "cpu, cuda, cuda:N, or auto.")
     trust_remote_code: bool = opt(False, "Allow the model's own code from the hub.")
+    allow_pickle: bool = opt(False, "Load pickle weights (pytorch_model.bin) with torch.load(weights_only=True); "
+                                    "refused by default, since pickles can run code.")
 
     def check(self) -> None:
         if self.model is None:

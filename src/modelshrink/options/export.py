@@ -37,6 +37,8 @@ class ExportOptions(Options):
     max_source_length: int | None = opt(None, "Truncate validation documents. [default: the smaller of the "
                                               "tokenizer's limit and the model's positions]", panel=CHECK, min=1)
     trust_remote_code: bool = opt(False, "Allow the model's own code from the hub.")
+    allow_pickle: bool = opt(False, "Load pickle weights (pytorch_model.bin) with torch.load(weights_only=True); "
+                                    "refused by default, since pickles can run code.")
 
     def check(self) -> None:
         if self.per_channel and not self.int8:

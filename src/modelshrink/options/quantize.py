@@ -56,6 +56,8 @@ class QuantizeOptions(TrainOptions):
     label_column: str | None = opt(None, "Classifiers: the label column. [default: label]", panel=DATA)
     limit: int | None = opt(None, "First N training rows.", panel=DATA, min=1)
     trust_remote_code: bool = opt(False, "Allow models' own code from the hub.")
+    allow_pickle: bool = opt(False, "Load pickle weights (pytorch_model.bin) with torch.load(weights_only=True); "
+                                    "refused by default, since pickles can run code.")
 
     def check(self) -> None:
         from modelshrink.quant.modules import parse_bits

@@ -70,7 +70,8 @@ def save_quantized(model: torch.nn.Module, tokenizer: Any, folder: str | os.Path
             continue
         tensors[name] = value.detach().cpu().contiguous()
         seen_data.add(value.data_ptr())
-    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt", "modelshrink": "quantized"})
+    # one metadata key: safetensors writes several in a random order, so equal runs would differ in bytes
+    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
     config = model.config
     config.quantization_config = {
         "quant_method": QUANT_METHOD, "bits": spec.label, "weight_bits": spec.weight_bits,

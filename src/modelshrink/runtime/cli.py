@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from .columns import ID_COLUMNS, pick_columns
+from .columns import ID_COLUMNS, pick_columns, text_problem
 from .errors import UserError
 from .jsonl import read_jsonl
 
@@ -32,9 +32,10 @@ def read_rows(path: str, column: str | None) -> tuple[list[dict[str, Any]], str]
     if not rows:
         raise UserError(f"{path} has no rows")
     column, _ = pick_columns(list(rows[0]), column, source=path, text_option="--column")
-    missing = next((number for number, row in enumerate(rows, start=1) if column not in row), None)
-    if missing is not None:
-        raise UserError(f"{path}: row {missing} has no column '{column}'")
+    for number, row in enumerate(rows, start=1):
+        problem = text_problem(row, column)
+        if problem:
+            raise UserError(f"{path}: row {number} has no text: {problem}")
     return rows, column
 
 
