@@ -250,7 +250,9 @@ def test_a_full_disk_inside_a_library_is_one_line_too(saved_models, docs_jsonl, 
 
 # --- Ctrl-C -----------------------------------------------------------------------------------------
 
-def test_ctrl_c_keeps_the_run_and_prints_the_command_that_continues_it(saved_models, tmp_path):
+@pytest.mark.parametrize("stop, code, said", [(signal.SIGINT, 130, "Interrupted."),
+                                              (signal.SIGTERM, 143, "Terminated (SIGTERM).")])
+def test_ctrl_c_keeps_the_run_and_prints_the_command_that_continues_it(saved_models, tmp_path, stop, code, said):
     rows = [{"id": f"d{i}", "document": DOCUMENTS[i % 12], "summary": SUMMARIES[i % 12]} for i in range(40)]
     data = write_jsonl(tmp_path / "many.jsonl", rows)
     out = tmp_path / "pl"
@@ -263,15 +265,17 @@ def test_ctrl_c_keeps_the_run_and_prints_the_command_that_continues_it(saved_mod
     while time.time() < deadline and not (part.exists() and part.stat().st_size):
         time.sleep(0.02)
     assert process.poll() is None, "the run finished before it could be interrupted"
-    process.send_signal(signal.SIGINT)
+    process.send_signal(stop)
     _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130, stderr
+    assert process.returncode == code, stderr
     assert not out.exists() and staging_path(out).is_dir()
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith(f"Interrupted. The unfinished run is kept in {staging_path(out)}; continue it keeping "
+    assert last.startswith(f"{said} The unfinished run is kept in {staging_path(out)}; continue it keeping "
                            "the rows already written with: modelshrink pseudolabel"), last
     command = shlex.split(last.split(" with: ", 1)[1])
     assert command[1:] == [*args, "--resume"]
+    if stop == signal.SIGTERM:
+        return  # the same resume as after Ctrl-C
     resumed = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, env=ENV)
     assert resumed.returncode == 0, resumed.stderr
     assert len((out / "data.jsonl").read_text().splitlines()) == 40

@@ -93,6 +93,9 @@ app.command("quickstart")(quickstart)
 
 
 def main() -> None:
+    from modelshrink.commands._common import stop_on_sigterm
+
+    stop_on_sigterm()
     app()
 
 

@@ -18,6 +18,24 @@ from modelshrink.errors import CheckFailed, UserError
 EXIT_USER_ERROR = 1
 EXIT_CHECK_FAILED = 3
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports it
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a batch scheduler's or `kill`'s stop) taken like Ctrl-C: the run stops where it is,
+    keeps what it saved, and says how to continue."""
+
+
+def stop_on_sigterm() -> None:
+    """From now on SIGTERM raises `Terminated` in the main thread."""
+    import signal
+    import threading
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, terminate)
 
 
 def fail(message: str, code: int = EXIT_USER_ERROR) -> typer.Exit:
@@ -34,8 +52,8 @@ _NO_SPACE = ("No space left on device", "StorageFull", "os error 28")
 
 @contextmanager
 def handle_errors(output: Path | None = None) -> Iterator[None]:
-    """Turn library errors into exit codes: UserError -> 1, CheckFailed -> 3, Ctrl-C -> 130, a
-    full or read-only disk -> 1 (one line each). On Ctrl-C or a full disk the hint says what is
+    """Turn library errors into exit codes: UserError -> 1, CheckFailed -> 3, Ctrl-C -> 130, SIGTERM
+    -> 143, a full or read-only disk -> 1 (one line each). On Ctrl-C or a full disk the hint says what is
     left of the run writing `output` and the command that continues it, if there is one."""
     try:
         yield
@@ -45,10 +63,11 @@ def handle_errors(output: Path | None = None) -> Iterator[None]:
         if e.output:
             typer.echo(e.output)
         raise fail(str(e), EXIT_CHECK_FAILED) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        terminated = isinstance(e, Terminated)
         if main_process():
-            typer.echo("Interrupted. " + resume_hint(output), err=True)
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+            typer.echo(("Terminated (SIGTERM). " if terminated else "Interrupted. ") + resume_hint(output), err=True)
+        raise typer.Exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED) from None
     except OSError as e:
         if e.errno not in _WRITE_ERRNOS:
             raise
