@@ -1,10 +1,11 @@
 """`export`: a model artifact as ONNX graphs that a service runs with onnxruntime alone.
 
 The step: check the model, trace its graphs (`modelshrink.onnx.graphs`), rewrite them for size
-(`compress`: a `quantize` artifact's integer weights as int8, or `--int8`; `merge`: the two decoders as
-one decoder_model_merged.onnx, a tied output projection stored once), validate them against PyTorch
-(`validate`), write config, tokenizer and model card beside them, commit. The folder keeps Optimum's file
-names, so existing tooling (Optimum's `ORTModelForSeq2SeqLM`, our `modelshrink.runtime`) recognizes it.
+(`compress`: a `quantize` artifact's integer weights as int8, or `--int8`; `int4`: `--int4`'s MatMulNBits;
+`merge`: the two decoders as one decoder_model_merged.onnx, a tied output projection stored once),
+validate them against PyTorch (`validate`), write config, tokenizer and model card beside them, commit.
+The folder keeps Optimum's file names, so existing tooling (Optimum's `ORTModelForSeq2SeqLM`, our
+`modelshrink.runtime`) recognizes it.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from modelshrink.errors import UserError
 from modelshrink.families import CLASSIFIER_TYPES, TOKEN_TYPE_CLASSIFIERS, family_of
 from modelshrink.onnx.compress import compact_quantized, quantize_int8
 from modelshrink.onnx.graphs import export_classifier, export_seq2seq, parameter_count, use_eager_attention
+from modelshrink.onnx.int4 import quantize_int4
 from modelshrink.onnx.merge import merge_decoders, store_tied_once
-from modelshrink.onnx.validate import FLOAT_ATOL, INT8_RTOL, QUANTIZED_RTOL, ExportCheckFailed, validate
+from modelshrink.onnx.validate import FLOAT_ATOL, INT4_RTOL, INT8_RTOL, QUANTIZED_RTOL, ExportCheckFailed, validate
 from modelshrink.options.export import ExportOptions
-from modelshrink.runtime.files import DECODER_MERGED, DEQUANTIZED, ENCODER
+from modelshrink.runtime.files import DECODER_MERGED, DECODER_WITH_PAST, DEQUANTIZED, ENCODER
 
 __all__ = ["ExportCheckFailed", "ExportOptions", "export_model", "inspect"]
 
@@ -105,6 +107,11 @@ def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions,
         for name in graphs:
             log(f"int8: dynamic quantization of {name}")
             quantize_int8(folder / name, options.per_channel)
+    if options.int4:
+        for name in graphs:
+            storage[name] = quantize_int4(folder / name, options.int4_block_size)
+            log(f"int4: {storage[name]['int4_matmuls']} matmuls of {name} as MatMulNBits "
+                f"(block {options.int4_block_size})")
     if kind == "seq2seq" and options.merge:
         storage["merged"] = merge_decoders(folder)
         graphs = [ENCODER, DECODER_MERGED]
@@ -129,6 +136,9 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     kind, config, model, tokenizer = _load_model(options)
     qc = getattr(config, "quantization_config", None)
     quantized = dict(qc) if isinstance(qc, dict) and qc.get("quant_method") == "modelshrink" else None
+    if quantized and options.int4:
+        raise UserError(f"--int4 applies to float models: {options.model} is a quantize artifact "
+                        f"({quantized['bits']}), and exporting a quantized artifact keeps its own bits")
     max_source_length = source_length(options.max_source_length, tokenizer, model.config)
     texts = _sample_texts(options, tokenizer, max(options.samples, 2))
     enc = dict(tokenizer(texts[:2], truncation=True, max_length=max_source_length, padding=True, return_tensors="pt"))
@@ -143,19 +153,26 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
         resolved = {"kind": kind, "graphs": graphs, "max_source_length": max_source_length,
                     "quantized_artifact": quantized["bits"] if quantized else None,
                     "weights": "int8 (onnxruntime dynamic)" if options.int8 else (
-                        DEQUANTIZED if quantized else "float32"),
+                        "int4 (MatMulNBits)" if options.int4 else DEQUANTIZED if quantized else "float32"),
                     "parameters": parameter_count(folder, graphs)}
+        if options.int4:  # the initializers hold two codes a byte: count the weights, not the bytes
+            resolved["parameters"] += sum(s["int4_values"] - s["int4_stored_values"] for n, s in storage.items()
+                                          if "int4_values" in s and n != DECODER_WITH_PAST)
+            resolved["int4"] = {"bits": 4, "block_size": options.int4_block_size, "zero_points": True,
+                                "embeddings": "float32", "matmuls_converted": {
+                                    n: s["int4_matmuls"] for n, s in storage.items() if "int4_matmuls" in s}}
         (folder / "modelshrink.json").write_text(json.dumps({"resolved": resolved}))  # the runtime reads it
         report: dict[str, Any] = {"kind": kind, "graphs": graphs, "opset": options.opset, "int8": options.int8,
+                                  "int4": options.int4_block_size if options.int4 else None,
                                   "per_channel": options.per_channel, "storage": storage,
                                   "bytes": {n: (folder / n).stat().st_size for n in graphs}}
         failure = None
         if options.validate:
-            rtol = INT8_RTOL if options.int8 else (QUANTIZED_RTOL if quantized else None)
+            rtol = INT8_RTOL if options.int8 else INT4_RTOL if options.int4 else (QUANTIZED_RTOL if quantized else None)
             atol = options.atol if options.atol is not None else (None if rtol else FLOAT_ATOL)
             log(f"validating against PyTorch on {len(texts)} documents")
             check = validate(model, tokenizer, folder, kind, texts, max_source_length, atol=atol, rtol=rtol,
-                             rms=options.int8, generation_docs=options.generation_docs, log=log)
+                             rms=options.int8 or options.int4, generation_docs=options.generation_docs, log=log)
             report["validation"] = check
             failure = check.get("failure")
         (folder / "export_report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -191,7 +208,8 @@ def _model_card(folder: Path, options: ExportOptions, report: dict[str, Any]) ->
     lines = ["---", "library_name: onnxruntime", "tags: [onnx, modelshrink]", "---", "",
              f"# ONNX export of `{Path(options.model).name}`", "",
              f"Exported by `modelshrink export` from `{options.model}` (opset {options.opset}"
-             f"{', int8 dynamic quantization' if options.int8 else ''}).", "",
+             f"{', int8 dynamic quantization' if options.int8 else ''}"
+             f"{f', int4 weights in blocks of {options.int4_block_size}' if options.int4 else ''}).", "",
              "Graphs: " + ", ".join(f"`{g}` ({report['bytes'][g] / 1e6:.1f} MB)" for g in report["graphs"]) + ".", "",
              "Run it without torch:", "", "```python", "from modelshrink.runtime import load",
              f"model = load(\"{folder.name if folder.name[0] != '.' else 'THIS_FOLDER'}\")",

@@ -16,6 +16,15 @@ from typing import Any
 import numpy as np
 
 
+
+def consumers_of(graph: Any) -> dict[str, list[Any]]:
+    """Tensor name -> the nodes of `graph` that read it."""
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    return consumers
+
 def compact_quantized(path: Path, thresholds: set[int]) -> dict[str, int]:
     """Store float initializers whose values are α·b (b integer, |b| <= a threshold) as int8 + DequantizeLinear.
 
@@ -78,10 +87,7 @@ def quantize_embeddings(path: Path) -> int:
 
     model = onnx.load(str(path))
     graph = model.graph
-    consumers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = consumers_of(graph)
     changed, kept, new_nodes = 0, [], []
     for init in graph.initializer:
         users = consumers.get(init.name, [])
