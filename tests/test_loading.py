@@ -141,17 +141,25 @@ def test_a_trainers_leftover_pickles_beside_safetensors_are_not_weights(saved_mo
 
 # --- lengths and positions -------------------------------------------------------------------------
 
-def test_contrastive_default_length_follows_the_models_positions(tmp_path):
-    """A classifier with 32 positions whose tokenizer says 512: the paper's 128 would index past them."""
-    from transformers import AutoConfig, BertConfig, BertForSequenceClassification
+def short_classifier(path: Path, layers: int = 1) -> Path:
+    """A BERT classifier with 32 positions whose tokenizer says 512 (a small model reusing a bigger one's
+    tokenizer): anything that truncates at the tokenizer's limit indexes past the position table."""
+    from transformers import BertConfig, BertForSequenceClassification
 
     tok = bert_tokenizer()
     tok.model_max_length = 512
-    teacher = tmp_path / "teacher"
-    BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=2,
+    BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=layers,
                                              num_attention_heads=2, intermediate_size=32,
-                                             max_position_embeddings=32)).save_pretrained(teacher)
-    tok.save_pretrained(teacher)
+                                             max_position_embeddings=32)).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_contrastive_default_length_follows_the_models_positions(tmp_path):
+    """A classifier with 32 positions whose tokenizer says 512: the paper's 128 would index past them."""
+    from transformers import AutoConfig
+
+    teacher = short_classifier(tmp_path / "teacher", layers=2)
     long = " ".join(DOCUMENTS)  # far more tokens than the positions
     data = write_jsonl(tmp_path / "sst.jsonl", [{"sentence": long, "label": i % 2} for i in range(8)])
     out = tmp_path / "student"
@@ -175,3 +183,119 @@ def test_a_source_length_past_the_positions_is_refused(tmp_path, docs_jsonl):
     result = invoke("pseudolabel", tmp_path / "bart", docs_jsonl, "-o", tmp_path / "pl", "--max-source-length",
                     positions + 1)
     one_line_error(result, f"--max-source-length {positions + 1} is more than the model's {positions} positions")
+
+
+def test_damaged_config_and_tokenizer_through_the_cli(saved_models, docs_jsonl, tmp_path):
+    folder = copy(saved_models["bart"], tmp_path)
+    config = (folder / "config.json").read_text()
+    (folder / "config.json").write_text(config[: len(config) // 2])
+    result = invoke("eval", folder, docs_jsonl, "-o", tmp_path / "e", "--limit", "2")
+    one_line_error(result, f"cannot load model from {folder}: config.json is damaged or incomplete (not valid JSON")
+    (folder / "config.json").write_text(config)
+    (folder / "tokenizer.json").write_bytes(b"\xff\xfe not a tokenizer")
+    one_line_error(invoke("export", folder, "-o", tmp_path / "x"), "tokenizer.json is damaged or incomplete")
+    assert not (tmp_path / "e").exists() and not (tmp_path / "x").exists()
+
+
+def test_a_missing_shard_is_named(saved_models, tmp_path):
+    from transformers import AutoModelForSeq2SeqLM
+
+    folder = copy(saved_models["bart"], tmp_path)
+    (folder / "model.safetensors").unlink()
+    AutoModelForSeq2SeqLM.from_pretrained(saved_models["bart"]).save_pretrained(folder, max_shard_size="100KB")
+    shards = sorted(folder.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    shards[-1].unlink()
+    with pytest.raises(UserError, match=f"{shards[-1].name} is missing \\(model.safetensors.index.json lists it\\)"):
+        load_seq2seq(str(folder))
+
+
+def test_a_quantized_artifact_without_its_weights_is_named(saved_models, tmp_path):
+    quantized = tmp_path / "q"
+    assert invoke("quantize", saved_models["bart"], "-o", quantized, "--method", "direct").exit_code == 0
+    (quantized / WEIGHTS_NAME).unlink()
+    with pytest.raises(UserError, match=f"{WEIGHTS_NAME} is missing"):
+        load_seq2seq(str(quantized))
+
+
+# --- damaged ONNX export folders: eval and the torch-free run command ------------------------------
+
+@pytest.fixture(scope="module")
+def classifier_export(classifier_path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("onnx") / "classifier-onnx"
+    result = runner.invoke(app, ["export", str(classifier_path), "-o", str(out), "--no-validate"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.mark.parametrize("damage", ["half", "empty", "random bytes"])
+def test_a_damaged_graph_is_one_line_for_eval_and_run(classifier_export, tmp_path, damage):
+    folder = copy(classifier_export, tmp_path, "export")
+    graph = folder / "model.onnx"
+    data = graph.read_bytes()
+    graph.write_bytes({"half": data[: len(data) // 2], "empty": b"", "random bytes": b"\x07\xff" * 500}[damage])
+    rows = write_jsonl(tmp_path / "rows.jsonl", [{"text": d, "label": i % 2} for i, d in enumerate(DOCUMENTS[:2])])
+    for args in (["eval", folder, rows, "-o", tmp_path / "e"], ["run", folder, "--input", rows]):
+        one_line_error(invoke(*args), f"cannot load export from {folder}: model.onnx is damaged or incomplete")
+    assert not (tmp_path / "e").exists() and not staging_path(tmp_path / "e").exists()
+
+
+# --- the pickle policy beyond a plain folder --------------------------------------------------------
+
+@pytest.mark.parametrize("damage", ["half", "empty"])
+def test_a_damaged_pickle_with_allow_pickle_is_one_line(saved_models, docs_jsonl, tmp_path, damage):
+    folder = pickled(saved_models["bart"], tmp_path)
+    weights = folder / "pytorch_model.bin"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2] if damage == "half" else b"")
+    result = invoke("pseudolabel", folder, docs_jsonl, "-o", tmp_path / "pl", "--allow-pickle")
+    one_line_error(result, "pytorch_model.bin is damaged or incomplete")
+
+
+def test_a_pickle_holding_more_than_tensors_is_refused_even_with_allow_pickle(saved_models, tmp_path):
+    folder = pickled(saved_models["bart"], tmp_path)
+    torch.save({"weights": torch.zeros(2), "code": Path("not a tensor")}, folder / "pytorch_model.bin")
+    with pytest.raises(UserError, match="pytorch_model.bin is damaged, or holds more than tensors"):
+        load_seq2seq(str(folder), allow_pickle=True)
+
+
+def test_a_cached_hub_name_follows_the_pickle_policy(saved_models, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    snapshot = tmp_path / "hub" / "models--tiny--pickled" / "snapshots" / ("0" * 40)
+    pickled(saved_models["bart"], snapshot.parent, snapshot.name)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(UserError, match="pytorch_model.bin.*--allow-pickle"):
+        load_seq2seq("tiny/pickled")
+    model, _, _ = load_seq2seq("tiny/pickled", allow_pickle=True)
+    reference, _, _ = load_seq2seq(str(saved_models["bart"]))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+
+
+def test_a_warm_start_from_a_pickled_encoder_follows_the_policy(tmp_path):
+    from transformers import BertConfig, BertModel
+
+    from modelshrink.warmstart import init_encoder_decoder
+
+    tok = bert_tokenizer()
+    encoder = tmp_path / "encoder"
+    BertModel(BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32)).save_pretrained(encoder)
+    tok.save_pretrained(encoder)
+    folder = pickled(encoder, tmp_path)
+    with pytest.raises(UserError, match="--allow-pickle"):
+        init_encoder_decoder(str(folder))
+    safe, _ = init_encoder_decoder(str(encoder), seed=0)
+    loaded, _ = init_encoder_decoder(str(folder), seed=0, allow_pickle=True)
+    assert all(torch.equal(a, b) for a, b in zip(safe.state_dict().values(), loaded.state_dict().values()))
+
+
+def test_eval_of_a_classifier_truncates_to_its_positions(tmp_path):
+    """The tokenizer allows 512 tokens, the model has 32 positions: eval used to index past them."""
+    model = short_classifier(tmp_path / "short")
+    data = write_jsonl(tmp_path / "long.jsonl", [{"text": " ".join(DOCUMENTS), "label": i % 2} for i in range(2)])
+    result = invoke("eval", model, data, "-o", tmp_path / "e")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((tmp_path / "e" / "modelshrink.json").read_text())["resolved"]["max_length"] == 32

@@ -264,26 +264,28 @@ def _classify_with_model(options: EvalOptions, task: str, staging: Path, launch:
                          ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any]]:
     from modelshrink.classify import predict
     from modelshrink.efficiency import parameter_count, peak_memory, reset_peak_memory, weight_bytes
-    from modelshrink.models import load_classifier
+    from modelshrink.models import default_source_length, load_classifier
     from modelshrink.precision import torch_dtype
 
     device = launch.device
     model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, device,
                                        allow_pickle=options.allow_pickle)
     model.to(torch_dtype(options.dtype))
+    # not the tokenizer's own limit alone: a model with fewer positions would index past its position table
+    max_length = default_source_length(tokenizer, model.config)
     items = _read_items(options, task, model.config.num_labels, model.config.label2id)
     reset_peak_memory(device)
-    rows, timing = _predict_all(items, lambda batch: predict(model, tokenizer, batch, len(batch), device), options,
-                                staging, launch, progress)
+    rows, timing = _predict_all(items, lambda batch: predict(model, tokenizer, batch, len(batch), device, max_length),
+                                options, staging, launch, progress)
     if rows is None:
         return None, {}, {}
     efficiency: dict[str, Any] = {"parameters": parameter_count(model), "bytes_on_disk": weight_bytes(options.model),
                                   **_throughput(timing, options, launch), "device": device, "dtype": options.dtype,
                                   **peak_memory(device)}
     if options.latency_docs:
-        efficiency.update(_latency(lambda item: predict(model, tokenizer, [item.fields], 1, device),
+        efficiency.update(_latency(lambda item: predict(model, tokenizer, [item.fields], 1, device, max_length),
                                    items[:options.latency_docs]), **_latency_note(launch))
-    return rows, efficiency, {**_label_extra(options, launch), "dtype": options.dtype}
+    return rows, efficiency, {**_label_extra(options, launch), "dtype": options.dtype, "max_length": max_length}
 
 
 def _classify_with_export(options: EvalOptions, task: str, staging: Path, launch: Any, progress: ProgressFn | None

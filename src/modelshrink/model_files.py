@@ -18,7 +18,7 @@ from pathlib import Path
 
 from modelshrink.errors import UserError
 
-PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
+PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
 # pickles beside the weights that no model loader reads (a Trainer's leftovers)
 NOT_WEIGHTS = {"training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state.pth", "scaler.pt"}
 
@@ -45,6 +45,7 @@ def _check(folder: Path, _fingerprint: tuple, what: str, weights: bool, allow_pi
                             f"(not valid JSON: {str(e).splitlines()[0]})") from None
     if not weights:
         return
+    _check_shards(folder, what, "*.safetensors.index.json")
     tensors = sorted(folder.glob("*.safetensors"))
     for path in tensors:
         damaged = safetensors_problem(path)
@@ -52,11 +53,48 @@ def _check(folder: Path, _fingerprint: tuple, what: str, weights: bool, allow_pi
             raise UserError(f"cannot load {what} from {folder}: {path.name} is damaged or incomplete ({damaged})")
     if tensors:
         return
-    pickles = sorted({p.name for pattern in PICKLE_PATTERNS for p in folder.glob(pattern)} - NOT_WEIGHTS)
+    pickles = pickle_weights(folder)
     if pickles and not allow_pickle:
         raise UserError(f"{what} {folder} holds its weights only as a pickle ({', '.join(pickles)}); pickles can run "
                         "code when loaded, so they are refused: convert it once with save_pretrained (safetensors), "
                         "or pass --allow-pickle to load it with torch.load(weights_only=True)")
+    _check_shards(folder, what, "*.bin.index.json")
+    for name in pickles:
+        damaged = pickle_problem(folder / name)
+        if damaged:
+            raise UserError(f"cannot load {what} from {folder}: {name} is damaged or incomplete ({damaged})")
+
+
+def pickle_weights(folder: Path) -> list[str]:
+    """The pickle files of a folder that may be its weights."""
+    return sorted({p.name for pattern in PICKLE_PATTERNS for p in folder.glob(pattern)} - NOT_WEIGHTS)
+
+
+def _check_shards(folder: Path, what: str, pattern: str) -> None:
+    """Every shard that an index (model.safetensors.index.json, pytorch_model.bin.index.json) lists is there;
+    a missing one would otherwise surface as a bare 'No such file or directory'."""
+    for index in sorted(folder.glob(pattern)):
+        listing = json.loads(index.read_bytes())
+        weight_map = listing.get("weight_map") if isinstance(listing, dict) else None
+        for shard in sorted(set(weight_map.values()) if isinstance(weight_map, dict) else ()):
+            if not (folder / str(shard)).is_file():
+                raise UserError(f"cannot load {what} from {folder}: {shard} is missing ({index.name} lists it)")
+
+
+def pickle_problem(path: Path) -> str | None:
+    """Why a torch.save file is certainly damaged (empty, or a zip archive without its end), or None. A
+    whole file can still be refused by torch.load(weights_only=True) when it holds more than tensors."""
+    import zipfile
+
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head:
+        return "empty file"
+    if head.startswith(b"PK") and not zipfile.is_zipfile(path):  # torch.save's zip format, cut short
+        return "a torch.save zip archive without its central directory: truncated?"
+    if not head.startswith((b"PK", b"\x80")):  # neither torch.save's zip nor a pickle's protocol byte
+        return "neither a torch.save archive nor a pickle"
+    return None
 
 
 def safetensors_problem(path: Path) -> str | None:

@@ -7,12 +7,13 @@ clear line. `trust_remote_code` stays off unless the user asks for it.
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 from typing import Any, Callable
 
 from modelshrink.errors import UserError
 from modelshrink.families import ENCODER_DECODER_TYPE, Family, family_of
-from modelshrink.model_files import check_files
+from modelshrink.model_files import check_files, pickle_weights
 
 
 def _first_line(e: Exception) -> str:
@@ -26,11 +27,25 @@ def _hub_offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
+def _failure(e: Exception, what: str, spec: str, folder: Path | None) -> str:
+    """One line for a loader's failure; a pickle that torch.load(weights_only=True) refused is named
+    (its own message advises weights_only=False, which this tool never does)."""
+    if isinstance(e, (EOFError, pickle.UnpicklingError)):
+        names = ", ".join(pickle_weights(folder)) if folder is not None else ""
+        return (f"cannot load {what} from {spec}: {names or 'its pickle weights'} is damaged, or holds more than "
+                f"tensors, which torch.load(weights_only=True) refuses ({type(e).__name__})")
+    return f"cannot load {what} from {spec}: {_first_line(e)}"
+
+
 def from_pretrained(loader: Callable[..., Any], spec: str, what: str, **kwargs: Any) -> Any:
-    """Call `loader(spec)`: a local folder as is, a hub name from the cache first, then the hub. A
-    local folder's JSON files are checked first (`model_files`), so a damaged one is named."""
+    """Call `loader(spec)`: a local folder as is, a hub name from the cache first, then the hub. The
+    folder's JSON files (a cached hub name's too) are checked first (`model_files`), so a damaged one
+    is named."""
     from safetensors import SafetensorError
 
+    # what the loaders raise for a missing, damaged or unreadable file (JSONDecodeError and
+    # UnicodeDecodeError are ValueErrors); pickle errors come from --allow-pickle's torch.load
+    failures = (OSError, ValueError, SafetensorError, EOFError, pickle.UnpicklingError)
     path = Path(spec).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -38,19 +53,32 @@ def from_pretrained(loader: Callable[..., Any], spec: str, what: str, **kwargs: 
         check_files(path, what)
         try:
             return loader(str(path), **kwargs)
-        except (OSError, ValueError, SafetensorError) as e:
-            raise UserError(f"cannot load {what} from {spec}: {_first_line(e)}") from None
+        except failures as e:
+            raise UserError(_failure(e, what, spec, path)) from None
+        except RuntimeError as e:  # torch.load on a cut pre-1.6 (non-zip) pickle; any other RuntimeError is a bug
+            if pickle_weights(path) and "corrupted" in str(e):
+                raise UserError(_failure(EOFError(), what, spec, path)) from None
+            raise
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise UserError(f"{what} {spec} does not exist")
+    cached = cached_folder(spec)
+    if cached is not None:
+        check_files(cached, what)
     try:
         return loader(spec, local_files_only=True, **kwargs)
-    except (OSError, ValueError) as cached_error:
+    except (EOFError, pickle.UnpicklingError) as e:
+        raise UserError(_failure(e, what, spec, cached)) from None
+    except (OSError, ValueError, SafetensorError) as cached_error:
         if _hub_offline():
             raise UserError(f"{what} {spec} is not a local folder and is not in the Hugging Face cache "
                             "(offline: HF_HUB_OFFLINE is set)") from None
         try:
             return loader(spec, **kwargs)
         except Exception as e:  # network errors come in many types
+            if kwargs.get("use_safetensors") and isinstance(e, OSError) and "safetensors" in str(e):
+                raise UserError(f"{what} {spec} has no safetensors weights on the hub; pickle weights can run code "
+                                "when loaded, so they are refused: pass --allow-pickle to load them with "
+                                "torch.load(weights_only=True)") from None
             raise UserError(f"{what} {spec} is not a local folder, not in the Hugging Face cache, and could not "
                             f"be downloaded: {_first_line(e)} (cache: {_first_line(cached_error)})") from None
 
@@ -75,7 +103,8 @@ def weights_kwargs(spec: str, what: str, allow_pickle: bool) -> dict[str, Any]:
     folder = cached_folder(spec)
     if folder is not None:
         check_files(folder, what, weights=True, allow_pickle=allow_pickle)
-    return {} if allow_pickle else {"use_safetensors": True}
+    # transformers reads pickles with weights_only=True already; said here so that no default change can undo it
+    return {"weights_only": True} if allow_pickle else {"use_safetensors": True}
 
 
 def load_config(spec: str, what: str = "model", trust_remote_code: bool = False) -> Any:
@@ -113,7 +142,7 @@ def load_seq2seq(spec: str, what: str = "teacher", trust_remote_code: bool = Fal
     if _quantized(config):
         from modelshrink.quant.model import load_quantized
 
-        model = load_quantized(spec)
+        model = load_quantized(cached_folder(spec) or spec)
         return model.to(device).eval(), load_tokenizer(spec, what, trust_remote_code), family
     loader = EncoderDecoderModel if config.model_type == ENCODER_DECODER_TYPE else AutoModelForSeq2SeqLM
     model = from_pretrained(loader.from_pretrained, spec, what, trust_remote_code=trust_remote_code, **weights)
@@ -159,7 +188,7 @@ def load_classifier(spec: str, what: str = "model", trust_remote_code: bool = Fa
     if _quantized(config):
         from modelshrink.quant.model import load_quantized
 
-        model = load_quantized(spec)
+        model = load_quantized(cached_folder(spec) or spec)
     else:
         head = {}
         if not is_classifier(config):

@@ -66,7 +66,7 @@ def _check_model(options: QuantizeOptions) -> str:
     if is_quantized(config):
         if options.method == "direct":
             raise UserError(f"{options.model} is already quantized; quantize its full-precision original")
-        if options.teacher is None or is_quantized(load_config(options.teacher, "teacher")):
+        if options.teacher is None or is_quantized(load_config(options.teacher, "teacher", options.trust_remote_code)):
             raise UserError(f"{options.model} is already quantized, so it cannot teach itself; give a "
                             "full-precision --teacher")
     return kind

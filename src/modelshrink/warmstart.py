@@ -57,9 +57,11 @@ def init_encoder_decoder(encoder: str, decoder: str | None = None, trust_remote_
     from transformers import EncoderDecoderModel
 
     decoder = decoder or encoder
+    halves: dict[str, Any] = {}  # the pickle policy, for each half's from_pretrained
     for spec, role in ((encoder, "encoder"), (decoder, "decoder")):
         config = load_config(spec, role, trust_remote_code)
-        weights_kwargs(spec, role, allow_pickle)  # damaged or pickle weights: one line
+        # damaged or pickle weights: one line
+        halves.update({f"{role}_{k}": v for k, v in weights_kwargs(spec, role, allow_pickle).items()})
         if config.model_type not in ENCODER_DECODER_HALVES or getattr(config, "is_encoder_decoder", False):
             raise UserError(f"{role} {spec} is a {config.model_type} model; a warm start takes a pretrained "
                             f"encoder of type {', '.join(ENCODER_DECODER_HALVES)}")
@@ -67,7 +69,11 @@ def init_encoder_decoder(encoder: str, decoder: str | None = None, trust_remote_
     if cross_attention not in ("self", "random"):
         raise UserError(f"cross-attention initialisation must be self or random, got {cross_attention}")
     torch.manual_seed(seed)
-    model = EncoderDecoderModel.from_encoder_decoder_pretrained(encoder, decoder)
+    try:
+        model = EncoderDecoderModel.from_encoder_decoder_pretrained(encoder, decoder, **halves)
+    except (OSError, ValueError) as e:  # what from_pretrained raises for what the checks above cannot see
+        raise UserError(f"cannot build an encoder-decoder from {encoder} and {decoder}: "
+                        f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
     if cross_attention == "self":
         _cross_attention_from_self(model)
     start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id

@@ -105,10 +105,19 @@ def load_quantized(folder: str | os.PathLike) -> torch.nn.Module:
     """Rebuild a quantized artifact as a model that computes what the quantized model computed."""
     from transformers import AutoConfig
 
+    from safetensors import SafetensorError
+
     folder = Path(folder)
-    raw = json.loads((folder / "config.json").read_text())
-    qc = raw.get("quantization_config")
-    if not qc or qc.get("quant_method") != QUANT_METHOD:
+    for name in ("config.json", WEIGHTS_NAME):
+        if not (folder / name).is_file():
+            raise UserError(f"cannot load the quantized model from {folder}: {name} is missing")
+    try:
+        raw = json.loads((folder / "config.json").read_bytes())
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise UserError(f"cannot load the quantized model from {folder}: config.json is damaged or incomplete "
+                        f"({str(e).splitlines()[0]})") from None
+    qc = raw.get("quantization_config") if isinstance(raw, dict) else None
+    if not isinstance(qc, dict) or qc.get("quant_method") != QUANT_METHOD:
         raise UserError(f"{folder} is not a modelshrink-quantized model")
     config = AutoConfig.from_pretrained(folder)
     if hasattr(config, "quantization_config"):
@@ -116,7 +125,15 @@ def load_quantized(folder: str | os.PathLike) -> torch.nn.Module:
     check_quantizable(config)
     cls = _model_class(config)
     model = cls(config=config) if cls.__name__ == "EncoderDecoderModel" else cls.from_config(config)
-    stored = load_file(str(folder / WEIGHTS_NAME))
+    try:
+        stored = load_file(str(folder / WEIGHTS_NAME))
+    except SafetensorError as e:
+        raise UserError(f"cannot load the quantized model from {folder}: {WEIGHTS_NAME} is damaged or incomplete "
+                        f"({str(e).splitlines()[0]})") from None
+    absent = [k for name in qc["tensors"] for k in (f"{name}.qweight", f"{name}.scale") if k not in stored]
+    if absent:
+        raise UserError(f"cannot load the quantized model from {folder}: {WEIGHTS_NAME} lacks {absent[0]}, which "
+                        "config.json's quantization_config lists (the two files are from different runs?)")
     state = {}
     for name, info in qc["tensors"].items():
         shape = info["shape"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,14 +27,28 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def _damaged(path: Path, cause: str) -> UserError:
+    """The one line for a file of an export folder that cannot be read (as modelshrink.model_files says it)."""
+    return UserError(f"cannot load export from {path.parent}: {path.name} is damaged or incomplete ({cause})")
+
+
+def _ort_cause(error: BaseException, path: Path) -> str:
+    """onnxruntime's first line without its prefix and the path the message already names:
+    '[ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Load model from P failed:Protobuf parsing failed.'"""
+    text = _first_line(error).replace("[ONNXRuntimeError] : ", "").replace(f"Load model from {path} failed:", "")
+    return re.sub(r"^\d+ : ", "", text).strip()
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     """A JSON file of the folder ({} when absent)."""
     if not path.is_file():
         return {}
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"cannot read {path}: {_first_line(e)}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _damaged(path, f"not valid JSON: {_first_line(e)}") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or _first_line(e)}") from None
     if not isinstance(value, dict):
         raise UserError(f"{path} holds a JSON {type(value).__name__}, expected an object")
     return value
@@ -45,7 +60,7 @@ def _tokenizer(path: Path) -> Any:
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises plain Exception for a file it cannot parse
-        raise UserError(f"{path} is not a tokenizer that tokenizers can load: {_first_line(e)}") from None
+        raise _damaged(path, f"tokenizers cannot load it: {_first_line(e)}") from None
     tokenizer.no_padding()
     tokenizer.no_truncation()
     return tokenizer
@@ -93,8 +108,7 @@ class ExportedModel:
             try:
                 return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
             except Exception as e:  # onnxruntime's errors (InvalidProtobuf, Fail, ...) share no base class
-                raise UserError(f"{path} cannot be loaded by onnxruntime (damaged or truncated?): "
-                                f"{_first_line(e)}") from None
+                raise _damaged(path, f"onnxruntime: {_ort_cause(e, path)}") from None
 
         if (self.folder / ENCODER).is_file():
             self.task = "summarization"
