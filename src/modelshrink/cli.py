@@ -96,7 +96,24 @@ def main() -> None:
     from modelshrink.commands._common import stop_on_sigterm
 
     stop_on_sigterm()
-    app()
+    try:
+        app()
+    finally:
+        _close_process_group()
+
+
+def _close_process_group() -> None:
+    """Under a launcher, leave the process group before exiting: a gloo group torn down by the
+    interpreter's exit instead could abort a process that had finished its work (seen as
+    "terminate called without an active exception", SIGABRT, in a loaded CI run)."""
+    import sys
+
+    if "torch.distributed" not in sys.modules:  # never import torch just to leave
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
