@@ -104,7 +104,10 @@ def test_eval_scores_an_export_folder_like_its_model(exported, docs_jsonl, tmp_p
                                            ("missing encoder", "encoder_model.onnx"),
                                            ("truncated decoder", "decoder_model_merged.onnx"),
                                            ("truncated tokenizer", "tokenizer.json"),
-                                           ("missing config", "config.json")])
+                                           ("missing config", "config.json"),
+                                           # without a word, generation fell back to config.json's settings
+                                           ("missing generation", "generation_config.json"),
+                                           ("missing tokenizer-config", "tokenizer_config.json")])
 def test_eval_and_run_on_a_damaged_export_folder_fail_with_one_line(exported, docs_jsonl, tmp_path, damage, named):
     import shutil
 
@@ -112,7 +115,8 @@ def test_eval_and_run_on_a_damaged_export_folder_fail_with_one_line(exported, do
     shutil.copytree(exported["bart"][1], broken)
     what, name = damage.split()
     file = broken / {"encoder": "encoder_model.onnx", "decoder": "decoder_model_merged.onnx",
-                     "tokenizer": "tokenizer.json", "config": "config.json"}[name]
+                     "tokenizer": "tokenizer.json", "config": "config.json",
+                     "generation": "generation_config.json", "tokenizer-config": "tokenizer_config.json"}[name]
     if what == "truncated":
         file.write_bytes(file.read_bytes()[:file.stat().st_size // 3])
     else:

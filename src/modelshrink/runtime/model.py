@@ -78,6 +78,13 @@ class ExportedModel:
                             "write one with modelshrink export")
         if not (self.folder / "config.json").is_file():
             raise UserError(f"{folder} is not an export folder (no config.json)")
+        # a file the export's manifest lists but the folder lacks (a generation config or tokenizer config
+        # would otherwise fall back to defaults without a word); Optimum's folders have no manifest
+        listed = _read_json(self.folder / "modelshrink.json").get("files", {})
+        missing = sorted(name for name in listed if not (self.folder / name).is_file())
+        if missing:
+            raise UserError(f"{folder} lacks {', '.join(missing)}, which its modelshrink.json lists; the export is "
+                            "incomplete")
         self.config = _read_json(self.folder / "config.json")
         self.generation = _read_json(self.folder / "generation_config.json")
         if not (self.folder / "tokenizer.json").is_file():
