@@ -84,16 +84,18 @@ def resume_hint(output: Path | None) -> str:
     command that continues it (this command with --resume), or that nothing was kept."""
     if output is None:
         return ""
+    from modelshrink import shards
     from modelshrink.artifacts import staging_path
+    from modelshrink.checkpoints import latest_checkpoint
 
     staging = staging_path(Path(output))
     if not staging.is_dir():
         return "Nothing was written."
-    if any(not p.name.endswith(".tmp") for p in (staging / "checkpoints").glob("step-*")):
+    if latest_checkpoint(staging) is not None:
         saved = "from its last checkpoint"
-    elif any(p.stat().st_size for p in (staging / "parts").glob("part-*.jsonl")):
+    elif shards.has_rows(staging):
         saved = "keeping the rows already written"
-    elif (staging / "parts").is_dir():
+    elif (staging / shards.PARTS).is_dir():
         saved = "(no row was finished yet)"
     else:
         saved = "from the start (no checkpoint was saved yet; --save-every N saves them)"
