@@ -171,3 +171,12 @@ def docs_jsonl(tmp_path) -> Path:
 
 def read_rows(artifact: Path) -> list[dict]:
     return [json.loads(line) for line in (artifact / "data.jsonl").read_text().splitlines()]
+
+
+def graph_nodes(graph) -> list:
+    """An ONNX graph's nodes and those of its If branches (the merged decoder)."""
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        nodes += [n for a in node.attribute if a.g.node for n in graph_nodes(a.g)]
+    return nodes

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from conftest import graph_nodes
+
 from modelshrink.artifacts import read_manifest
 from modelshrink.cli import app
 
@@ -25,15 +27,6 @@ def int4_exports(plain_models, tmp_path_factory) -> dict[str, Path]:
     return {family: root / family for family in ("bart", "t5")}
 
 
-def _nodes(graph) -> list:
-    """The graph's nodes and those of its If branches (the merged decoder)."""
-    nodes = []
-    for node in graph.node:
-        nodes.append(node)
-        nodes += [n for a in node.attribute if a.g.node for n in _nodes(a.g)]
-    return nodes
-
-
 @pytest.mark.parametrize("family", ["bart", "t5"])
 def test_int4_export_stores_matmul_weights_in_four_bits_and_runs(int4_exports, family):
     import onnx
@@ -46,16 +39,24 @@ def test_int4_export_stores_matmul_weights_in_four_bits_and_runs(int4_exports, f
     assert manifest["resolved"]["weights"].startswith("int4") and manifest["metrics"]["passed"] is True
     assert manifest["resolved"]["int4"]["block_size"] == 32 and manifest["options"]["int4_block_size"] == 32
     assert all(count > 0 for count in manifest["resolved"]["int4"]["matmuls_converted"].values())
+    assert all(count > 0 for count in manifest["resolved"]["int4"]["tables_converted"].values())
     float_bytes = packed_bytes = 0
     for name in ("encoder_model.onnx", "decoder_model_merged.onnx"):
         model = onnx.load(str(folder / name))
         assert any(o.domain == "com.microsoft" for o in model.opset_import)
         inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-        nodes = _nodes(model.graph)
+        nodes = graph_nodes(model.graph)
         int4 = [n for n in nodes if n.op_type == "MatMulNBits"]
         assert int4 and all(inits[n.input[1]].dtype == np.uint8 for n in int4)
         # no MatMul is left with a float weight; the remaining ones multiply activations (attention)
         assert not any(n.op_type == "MatMul" and n.input[1] in inits for n in nodes)
+        # word embeddings are looked up from 4-bit codes; no float table is read by a Gather any more
+        lookups = [n for n in nodes if n.op_type == "GatherBlockQuantized"]
+        vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+        assert lookups and not any(n.op_type == "Gather" and n.input[0] in inits and inits[n.input[0]].shape[0] == vocab
+                                   for n in nodes)
+        if name == "decoder_model_merged.onnx":  # the tied output projection reads the table's very codes
+            assert {n.input[0] for n in lookups} & {n.input[1] for n in int4}
         for weight in {tuple(n.input[1:4]): n for n in int4}.values():
             attrs = {a.name: a.i for a in weight.attribute}
             assert attrs["bits"] == 4 and attrs["block_size"] == 32
@@ -121,7 +122,28 @@ def test_bad_int4_inputs_are_one_line_and_write_nothing(plain_models, tmp_path):
     _refused([bart, "--int4", "--int8"], tmp_path / "o1", "exclude each other")
     _refused([bart, "--int4", "--int4-block-size", "48"], tmp_path / "o2", "--int4-block-size must be one of")
     _refused([bart, "--int4-block-size", "64"], tmp_path / "o3", "applies to --int4")
+    _refused([bart, "--no-int4-embeddings"], tmp_path / "o5", "--int4-embeddings applies to --int4")
     quantized = tmp_path / "q"
     made = runner.invoke(app, ["quantize", bart, "-o", str(quantized), "--method", "direct"])
     assert made.exit_code == 0, made.output
     _refused([str(quantized), "--int4"], tmp_path / "o4", "exporting a quantized artifact keeps its own bits")
+
+
+def test_float_embeddings_on_request(plain_models, tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    out = tmp_path / "e"
+    result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(out), "--int4", "--no-int4-embeddings",
+                                 *FAST])
+    assert result.exit_code == 0, result.output
+    resolved = read_manifest(out)["resolved"]["int4"]
+    assert resolved["embeddings"] == "float32" and not any(resolved["tables_converted"].values())
+    model = onnx.load(str(out / "decoder_model_merged.onnx"))
+    nodes = graph_nodes(model.graph)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert not any(n.op_type == "GatherBlockQuantized" for n in nodes)
+    assert any(n.op_type == "Gather" and n.input[0] in inits and inits[n.input[0]].dtype == np.float32 for n in nodes)
+    vocab = json.loads((out / "config.json").read_text())["vocab_size"]
+    # the tied output projection is a 4-bit matmul weight of its own
+    assert any(n.op_type == "MatMulNBits" and {a.name: a.i for a in n.attribute}["N"] == vocab for n in nodes)

@@ -1,7 +1,7 @@
 """`export`: a model artifact as ONNX graphs that a service runs with onnxruntime alone.
 
 The step: check the model, trace its graphs (`modelshrink.onnx.graphs`), rewrite them for size
-(`compress`: a `quantize` artifact's integer weights as int8, or `--int8`; `int4`: `--int4`'s MatMulNBits;
+(`compress`: a `quantize` artifact's integer weights in 4-bit codes or int8, or `--int8`; `int4`: `--int4`;
 `merge`: the two decoders as one decoder_model_merged.onnx, a tied output projection stored once),
 validate them against PyTorch (`validate`), write config, tokenizer and model card beside them, commit.
 The folder keeps Optimum's file names, so existing tooling (Optimum's `ORTModelForSeq2SeqLM`, our
@@ -20,7 +20,8 @@ import torch
 from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
 from modelshrink.errors import UserError
 from modelshrink.families import CLASSIFIER_TYPES, TOKEN_TYPE_CLASSIFIERS, family_of
-from modelshrink.onnx.compress import compact_quantized, quantize_int8
+from modelshrink.onnx import lowbit
+from modelshrink.onnx.compress import compact_quantized, keep_low_bits, quantize_int8
 from modelshrink.onnx.graphs import export_classifier, export_seq2seq, parameter_count, use_eager_attention
 from modelshrink.onnx.int4 import quantize_int4
 from modelshrink.onnx.merge import merge_decoders, store_tied_once
@@ -102,16 +103,19 @@ def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions,
         thresholds = {1 if b == 2 else 2 ** (b - 1) - 1 for b in (quantized["weight_bits"],
                                                                   quantized["embedding_bits"])}
         for name in graphs:
-            storage[name] = compact_quantized(folder / name, thresholds)
+            storage[name] = keep_low_bits(folder / name, thresholds)
+            storage[name].update(compact_quantized(folder / name, thresholds))
+            log(f"{name}: {storage[name]['low_bit_matmuls']} matmuls and {storage[name]['low_bit_tables']} tables "
+                f"in 4-bit codes, {storage[name]['int8_initializers']} weights in int8")
     if options.int8:
         for name in graphs:
             log(f"int8: dynamic quantization of {name}")
             quantize_int8(folder / name, options.per_channel)
     if options.int4:
         for name in graphs:
-            storage[name] = quantize_int4(folder / name, options.int4_block_size)
-            log(f"int4: {storage[name]['int4_matmuls']} matmuls of {name} as MatMulNBits "
-                f"(block {options.int4_block_size})")
+            storage[name] = quantize_int4(folder / name, options.int4_block_size, options.int4_embeddings)
+            log(f"int4: {storage[name]['int4_matmuls']} matmuls and {storage[name]['int4_tables']} embedding tables "
+                f"of {name} in 4 bits (block {options.int4_block_size})")
     if kind == "seq2seq" and options.merge:
         storage["merged"] = merge_decoders(folder)
         graphs = [ENCODER, DECODER_MERGED]
@@ -139,6 +143,10 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     if quantized and options.int4:
         raise UserError(f"--int4 applies to float models: {options.model} is a quantize artifact "
                         f"({quantized['bits']}), and exporting a quantized artifact keeps its own bits")
+    if options.int4:
+        lowbit.require_support("--int4")
+    elif quantized and not options.int8 and min(quantized["weight_bits"], quantized["embedding_bits"]) <= 4:
+        lowbit.require_support(f"exporting a {quantized['bits']} artifact (4-bit codes)")
     max_source_length = source_length(options.max_source_length, tokenizer, model.config)
     texts = _sample_texts(options, tokenizer, max(options.samples, 2))
     enc = dict(tokenizer(texts[:2], truncation=True, max_length=max_source_length, padding=True, return_tensors="pt"))
@@ -152,14 +160,17 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
         _write_companions(model, tokenizer, folder, kind)
         resolved = {"kind": kind, "graphs": graphs, "max_source_length": max_source_length,
                     "quantized_artifact": quantized["bits"] if quantized else None,
-                    "weights": "int8 (onnxruntime dynamic)" if options.int8 else (
-                        "int4 (MatMulNBits)" if options.int4 else DEQUANTIZED if quantized else "float32"),
-                    "parameters": parameter_count(folder, graphs)}
-        if options.int4:  # the initializers hold two codes a byte: count the weights, not the bytes
-            resolved["parameters"] += sum(s["int4_values"] - s["int4_stored_values"] for n, s in storage.items()
-                                          if "int4_values" in s and n != DECODER_WITH_PAST)
+                    "weights": _weights(options, quantized, storage),
+                    # packed initializers hold two codes a byte: count the weights, not the bytes
+                    "parameters": parameter_count(folder, graphs) + sum(
+                        s.get(f"{p}_values", 0) - s.get(f"{p}_stored_values", 0) for n, s in storage.items()
+                        for p in ("int4", "low_bit") if n != DECODER_WITH_PAST)}
+        if options.int4:
             resolved["int4"] = {"bits": 4, "block_size": options.int4_block_size, "zero_points": True,
-                                "embeddings": "float32", "matmuls_converted": {
+                                "embeddings": "4-bit (GatherBlockQuantized) where the width is a multiple of the block"
+                                if options.int4_embeddings else "float32",
+                                "tables_converted": {n: s["int4_tables"] for n, s in storage.items() if "int4_tables" in s},
+                                "matmuls_converted": {
                                     n: s["int4_matmuls"] for n, s in storage.items() if "int4_matmuls" in s}}
         (folder / "modelshrink.json").write_text(json.dumps({"resolved": resolved}))  # the runtime reads it
         report: dict[str, Any] = {"kind": kind, "graphs": graphs, "opset": options.opset, "int8": options.int8,
@@ -188,6 +199,20 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     if failure:
         raise ExportCheckFailed(failure, str(path))
     return path, report
+
+
+def _weights(options: ExportOptions, quantized: dict[str, Any] | None, storage: dict[str, Any]) -> str:
+    """How the graphs store their weights, as modelshrink.json records it for the runtime and readers."""
+    if options.int8:
+        return "int8 (onnxruntime dynamic)"
+    if options.int4:
+        return "int4 (MatMulNBits)"
+    if quantized is None:
+        return "float32"
+    if any(s.get("low_bit_values") for s in storage.values()):
+        return "quantized: 4-bit codes (MatMulNBits, GatherBlockQuantized)" + (
+            " + " + DEQUANTIZED if any(s.get("int8_initializers") for s in storage.values()) else "")
+    return DEQUANTIZED
 
 
 def _write_companions(model: Any, tokenizer: Any, folder: Path, kind: str) -> None:

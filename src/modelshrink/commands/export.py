@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from modelshrink.commands._common import emit, handle_errors, log
-from modelshrink.commands._generate import OUTPUT, OVERWRITE, from_options
+from modelshrink.commands._generate import OUTPUT, OVERWRITE, QUIET, from_options
 from modelshrink.options.export import ExportOptions
 
 EPILOG = """\
@@ -20,7 +20,12 @@ int8 for CPU serving (onnxruntime dynamic quantization, one weight scale per out
 
     modelshrink export runs/student -o runs/student-onnx-int8 --int8
 
-A ternary `quantize` artifact keeps its integer weights (int8 initializers + DequantizeLinear):
+4-bit weights and embedding tables (onnxruntime's MatMulNBits, one scale and zero point per 32 weights):
+
+    modelshrink export runs/student -o runs/student-onnx-int4 --int4
+
+A ternary or 4-bit `quantize` artifact keeps its low bits (4-bit codes that onnxruntime's MatMulNBits and
+GatherBlockQuantized read; 5-8-bit weights as int8 + DequantizeLinear):
 
     modelshrink export runs/student-228 -o runs/student-228-onnx
 
@@ -34,14 +39,14 @@ tokens differ from PyTorch's beyond the tolerance (see export_report.json in the
 """
 
 
-@from_options(ExportOptions, extra=[OUTPUT, OVERWRITE])
-def export_command(options: ExportOptions, output: Path, overwrite: bool) -> None:
+@from_options(ExportOptions, extra=[OUTPUT, OVERWRITE, QUIET])
+def export_command(options: ExportOptions, output: Path, overwrite: bool, quiet: bool) -> None:
     """Export a model to ONNX (Optimum's file layout), validate it against PyTorch, and write a folder
     that runs with onnxruntime, tokenizers and numpy alone (`modelshrink run`, `modelshrink.runtime`).
     """
     from modelshrink.export import export_model
 
     with handle_errors(output):
-        path, _ = export_model(options, output, overwrite=overwrite, log=log)
+        path, _ = export_model(options, output, overwrite=overwrite, log=(lambda m: None) if quiet else log)
     emit(path)
 

@@ -1,8 +1,12 @@
-"""Rewrites that store weights in 8 bits.
+"""Rewrites that keep a `quantize` artifact's integer weights, or store weights in 8 bits.
 
-- `compact_quantized`: a `quantize` artifact's weights are α·b with integer b; those initializers are
-  stored as int8 with a DequantizeLinear node (one scale per tensor or per row), so a 2-2-8 or 8-8-8 model
-  stays about 4x smaller than float32 in the export.
+A `quantize` artifact's weights are α·b with integer b (ternary, or |b| <= 2^(bits-1) - 1), found by value in
+the traced graphs (the exporter renames and transposes linear weights, but it keeps their values exactly):
+- `keep_low_bits`: b of 2-4 bits as 4-bit codes that onnxruntime reads itself (`modelshrink.onnx.lowbit`:
+  MatMulNBits for matmul weights, GatherBlockQuantized for embedding tables, a tied output projection sharing
+  its table's codes), so a ternary model stays at about half a byte a weight and computes exactly α·b;
+- `compact_quantized`: the rest (5-8 bits, or a weight no such op reads) as int8 with a DequantizeLinear node
+  (one scale per tensor or per row), about 4x smaller than float32.
 - `quantize_int8` (`--int8`): onnxruntime's dynamic quantization (8-bit weights with one scale per output
   column, integer matmuls with activations quantized on the fly), then `quantize_embeddings`: embedding
   tables in int8 with a scale per row. See `quantize_int8` for the choices and what they measured.
@@ -25,6 +29,45 @@ def consumers_of(graph: Any) -> dict[str, list[Any]]:
             consumers.setdefault(name, []).append(node)
     return consumers
 
+def keep_low_bits(path: Path, thresholds: set[int]) -> dict[str, int]:
+    """Rewrite the graph at `path`: every matmul weight and embedding table that is α·b with |b| <= 7 (one α per
+    tensor, per output column of a matmul, or per row of a table) becomes 4-bit codes b + 8 under the ops'
+    default zero point, read by MatMulNBits / GatherBlockQuantized; a table and its tied projection share one
+    copy. Returns what was kept in 4 bits."""
+    import onnx
+    from onnx import numpy_helper
+
+    from modelshrink.onnx.lowbit import LowBitGraph, block_size_for, integer_blocks, transposed_pairs
+
+    low = {th for th in thresholds if th <= 7}
+    model = onnx.load(str(path))
+    graph = LowBitGraph(model)
+    if not low:
+        return {"low_bit_matmuls": 0, "low_bit_tables": 0, **graph.summary("low_bit")}
+    pairs = transposed_pairs(graph)
+    inits = {i.name: i for i in model.graph.initializer}
+    matmuls = tables = 0
+    done: set[str] = set()
+    for init in [i for i in model.graph.initializer if graph.gather_table(i)]:
+        found = _integer_form(numpy_helper.to_array(init), low)
+        size = block_size_for(init.dims[1])
+        if found is None or size is None or (found[1].ndim and found[2] != 0):
+            continue  # one α per row of the table (or for all): the blocks of its transpose, one column a row
+        b, scale, _ = found
+        tied = [inits[name] for name in pairs.get(init.name, [])]
+        matmuls += graph.as_tied(init, tied, integer_blocks(b.T, scale, 4, size))
+        done.update(name for name in pairs.get(init.name, []))
+        tables += 1
+    for init in [i for i in model.graph.initializer if graph.matmul_weight(i) and i.name not in done]:
+        found = _integer_form(numpy_helper.to_array(init), low)
+        if found is not None and (not found[1].ndim or found[2] == 1):  # one α per output column (or for all)
+            b, scale, _ = found
+            matmuls += graph.as_matmul(init, integer_blocks(b, scale, 4, block_size_for(b.shape[0]) or 16))
+    graph.finish()
+    onnx.save(model, str(path))
+    return {"low_bit_matmuls": matmuls, "low_bit_tables": tables, **graph.summary("low_bit")}
+
+
 def compact_quantized(path: Path, thresholds: set[int]) -> dict[str, int]:
     """Store float initializers whose values are α·b (b integer, |b| <= a threshold) as int8 + DequantizeLinear.
 
@@ -33,18 +76,18 @@ def compact_quantized(path: Path, thresholds: set[int]) -> dict[str, int]:
     import onnx
     from onnx import helper, numpy_helper
 
+    from modelshrink.onnx.lowbit import DOMAIN
+
     model = onnx.load(str(path))
     graph = model.graph
-    consumers = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    packed = {name for node in graph.node if node.domain == DOMAIN for name in node.input}  # keep_low_bits' own
     replaced, saved = 0, 0
     kept = []
     new_nodes = []
     for init in graph.initializer:
         w = numpy_helper.to_array(init) if init.data_type == onnx.TensorProto.FLOAT else None
-        found = _integer_form(w, thresholds) if w is not None and w.ndim == 2 and w.size >= 256 else None
+        found = (_integer_form(w, thresholds) if w is not None and w.ndim == 2 and w.size >= 256
+                 and init.name not in packed else None)
         if found is None:
             kept.append(init)
             continue
@@ -143,8 +186,16 @@ def quantize_int8(path: Path, per_channel: bool) -> None:
     most accurate (logits 10% RMS; s8 per channel 11%, s8 per channel 7-bit 11%, s8 per tensor 26%)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    import logging
+
     tmp = path.with_suffix(".int8.onnx")
-    quantize_dynamic(str(path), str(tmp), per_channel=per_channel, weight_type=QuantType.QUInt8,
-                     op_types_to_quantize=["MatMul", "Gemm"], extra_options={"MatMulConstBOnly": True})
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # its advice to run pre-processing is logged on the root logger, once a graph
+    try:
+        quantize_dynamic(str(path), str(tmp), per_channel=per_channel, weight_type=QuantType.QUInt8,
+                         op_types_to_quantize=["MatMul", "Gemm"], extra_options={"MatMulConstBOnly": True})
+    finally:
+        root.setLevel(level)
     tmp.replace(path)
     quantize_embeddings(path)

@@ -4,7 +4,7 @@ Two checks, both on documents the export did not trace with (other batch size, l
 1. outputs: PyTorch and onnxruntime on the same inputs, graph by graph; the largest absolute
    difference of every output against the tolerance (--atol, 1e-4 for float32 graphs; for a `quantize`
    artifact 5% of each output's largest magnitude; for --int8, the RMS of the differences against a
-   quarter of the output's RMS, for --int4 half of it; unless --atol is given: see INT8_RTOL, INT4_RTOL and
+   quarter of the output's RMS, for --int4 0.6 of it; unless --atol is given: see INT8_RTOL, INT4_RTOL and
    QUANTIZED_RTOL below).
    Padded source positions (encoder states, cross-attention keys and values) are not compared;
 2. generation: the torch-free runtime's tokens against `model.generate`'s, greedy and beam search with
@@ -43,12 +43,13 @@ INT8_RTOL = 0.25
 QUANTIZED_RTOL = 0.05
 # --int4 rounds weights only (activations stay float), but to 16 levels a block: each weight moves by ~8% of
 # the weights' RMS at block 32 (10% at 128), against ~0.5% at 8 bits, and each matmul's output by about as
-# much. Measured (RMS difference / RMS, worst output): 0.40 on the tiny test BART (d 32, whose encoder
-# states are a LayerNorm of small random signals), 0.16 on the tiny T5, 0.12 on the tiny bert2bert, 0.14 on
-# a random BART of base shape (6+6 layers, d 768). A broken graph (wrong packing, a transposed weight)
-# computes something unrelated, whose RMS ratio is near 1 (a zero output) or sqrt(2) (uncorrelated): half
+# much. Measured (RMS difference / RMS, worst output; with 4-bit embedding tables, the default): 0.54 on the
+# tiny test BART (d 32, whose encoder states are a LayerNorm of small random embeddings: 0.40 with float
+# tables), 0.17 on the tiny T5, 0.14 on the tiny bert2bert, 0.16 on a random BART of base shape (6+6 layers,
+# d 768, vocabulary 50265; 3 of 4 beam summaries equal). A broken graph (wrong packing, a transposed weight)
+# computes something unrelated, whose RMS ratio is near 1 (a zero output) or sqrt(2) (uncorrelated): 0.6 of
 # the output's RMS passes 4-bit noise and fails those.
-INT4_RTOL = 0.5
+INT4_RTOL = 0.6
 
 
 class ExportCheckFailed(CheckFailed):

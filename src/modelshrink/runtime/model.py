@@ -103,7 +103,7 @@ class ExportedModel:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         # what the export recorded for the runtime (weights, parameters); the manifest once committed
         self.resolved = _read_json(self.folder / "modelshrink.json").get("resolved", {})
-        if self.resolved.get("weights") == DEQUANTIZED:
+        if self.resolved.get("weights") == DEQUANTIZED or self.resolved.get("quantized_artifact"):
             # onnxruntime would fuse DequantizeLinear + MatMul into an integer matmul that also quantizes the
             # activations, which is not what the quantized model computes; keep the float matmul
             options.add_session_config_entry("session.disable_quant_qdq", "1")
