@@ -165,3 +165,31 @@ def test_packing_at_two_four_and_eight_bits_is_what_onnxruntime_reads(tmp_path):
         a, ids = rng.standard_normal((3, 48)).astype(np.float32), np.array([[0, 9], [3, 3]])
         y, e = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"a": a, "ids": ids})
         assert np.allclose(y, a @ (b * scale), atol=1e-4) and np.array_equal(e, (b * scale).T[ids])
+
+
+def test_the_scales_of_packed_codes_stay_float(tmp_path):
+    """A per-row scale repeated over a row's blocks looks like an integer weight itself; compact_quantized must
+    leave it to the ops that read it (it once stored it as int8 behind a DequantizeLinear)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from modelshrink.onnx.compress import compact_quantized, keep_low_bits
+
+    rng = np.random.default_rng(1)
+    alpha = (rng.random((6, 1)) + 0.5).astype(np.float32)
+    table = (rng.integers(-1, 2, (6, 768)) * alpha).astype(np.float32)  # ternary, one scale a row: 3 blocks of 256
+    graph = helper.make_graph([helper.make_node("Gather", ["t", "ids"], ["e"], axis=0),
+                               helper.make_node("MatMul", ["e", "head"], ["y"])], "g",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 6])],
+                              initializer=[numpy_helper.from_array(table, "t"),
+                                           numpy_helper.from_array(table.T.copy(), "head")])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    kept = keep_low_bits(path, {1})
+    assert kept["low_bit_tables"] == 1 and kept["low_bit_matmuls"] == 1
+    assert compact_quantized(path, {1})["int8_initializers"] == 0
+    import onnxruntime as ort
+
+    y = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"ids": np.array([[0, 5]])})[0]
+    assert np.allclose(y, table[[0, 5]] @ table.T, atol=1e-3)

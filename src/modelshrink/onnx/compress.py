@@ -80,7 +80,9 @@ def compact_quantized(path: Path, thresholds: set[int]) -> dict[str, int]:
 
     model = onnx.load(str(path))
     graph = model.graph
-    packed = {name for node in graph.node if node.domain == DOMAIN for name in node.input}  # keep_low_bits' own
+    # keep_low_bits' scales: read by its ops, or by the Reshape that shapes them for a lookup
+    feeding = {name for node in graph.node if node.domain == DOMAIN for name in node.input}
+    packed = feeding | {name for node in graph.node if set(node.output) & feeding for name in node.input}
     replaced, saved = 0, 0
     kept = []
     new_nodes = []

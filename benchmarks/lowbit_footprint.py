@@ -1,0 +1,128 @@
+"""What the deployed ONNX folder keeps of a model's compression: float32, --int8, --int4 and `quantize` artifacts.
+
+    python benchmarks/lowbit_footprint.py                 # a random BART of BART-base's shape (about 25 min)
+    python benchmarks/lowbit_footprint.py --small --no-write
+
+On one model (default: a random BART of BART-base's shape, vocabulary 50265, built as benchmarks/peers.py
+builds it; or --model), each form is exported with `modelshrink export` (validation included):
+float32, `--int8`, `--int4`, and `quantize --method direct` artifacts at 2-2-8 (ternary), 4-4-8 and 8-8-8.
+For each: the bytes of its .onnx files, the ratio to float32 and to the --int8 folder, export seconds, the
+check's verdict and token agreement with PyTorch, and batch-1 latency of the runtime (beam 4, 2 threads,
+p50 over --docs documents taken in turn by every form, so a load change hits all alike).
+Targets (issue 15): the ternary folder <= 0.5x the --int8 folder; --int4 <= 0.2x float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _report import publish
+from peers import BASE, SMALL, build_model, read_documents
+
+QUANTIZED = ("2-2-8", "4-4-8", "8-8-8")
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("*.onnx"))
+
+
+def export(model: Path, out: Path, data: Path, **flags) -> dict:
+    from modelshrink.export import ExportCheckFailed, export_model
+    from modelshrink.options.export import ExportOptions
+
+    start = time.perf_counter()
+    try:
+        _, report = export_model(ExportOptions(model=str(model), data=str(data), **flags), out, overwrite=True)
+        verdict = "passed"
+    except ExportCheckFailed as e:
+        report, verdict = json.loads((out / "export_report.json").read_text()), f"failed: {e}"
+    generation = report.get("validation", {}).get("generation", {})
+    return {"seconds": time.perf_counter() - start, "check": verdict, "agreement": generation.get("agreement", "-"),
+            "bytes": folder_bytes(out)}
+
+
+def latencies(folders: dict[str, Path], docs: list[str], beams: int, length: int) -> dict[str, float]:
+    from modelshrink.runtime import load
+
+    models = {name: load(folder, threads=2) for name, folder in folders.items()}
+    settings = dict(num_beams=beams, min_length=length, max_length=length)
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for model in models.values():  # warm-up
+        model.summarize(docs[:1], batch_size=1, **settings)
+    for doc in docs:
+        for name, model in models.items():
+            start = time.perf_counter()
+            model.summarize([doc], batch_size=1, **settings)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="a float seq2seq model folder [default: a random BART of BART-base's shape]")
+    parser.add_argument("--small", action="store_true", help="a tiny random BART (a smoke run)")
+    parser.add_argument("--docs", type=int, default=12, help="documents for batch-1 latency")
+    parser.add_argument("--length", type=int, default=32, help="summary length forced on every form (tokens)")
+    parser.add_argument("--no-write", action="store_true", help="print the table only")
+    args = parser.parse_args()
+    from transformers.utils import logging as hf_logging
+
+    from modelshrink.quantize import QuantizeOptions, quantize
+
+    hf_logging.disable_progress_bar()
+
+    work = Path(tempfile.mkdtemp(prefix="lowbit-"))
+    model = Path(args.model) if args.model else work / "model"
+    if not args.model:
+        build_model(model, SMALL if args.small else BASE, seed=0)
+    data = work / "docs.jsonl"
+    docs = read_documents("validation", 40)
+    data.write_text("".join(json.dumps({"document": d}) + "\n" for d in docs))
+    forms: dict[str, dict] = {}
+    folders: dict[str, Path] = {}
+    for name, flags in (("float32", {}), ("--int8", {"int8": True}), ("--int4", {"int4": True})):
+        folders[name] = work / name.strip("-")
+        forms[name] = export(model, folders[name], data, **flags)
+        print(name, forms[name], file=sys.stderr)
+    for bits in QUANTIZED:
+        artifact = quantize(QuantizeOptions(model=str(model), bits=bits, method="direct", device="cpu"), work / bits)
+        name = f"quantize {bits}"
+        folders[name] = work / f"{bits}-onnx"
+        forms[name] = export(artifact, folders[name], data)
+        print(name, forms[name], file=sys.stderr)
+    p50 = latencies(folders, docs[:args.docs], beams=4, length=args.length)
+    f32, i8 = forms["float32"]["bytes"], forms["--int8"]["bytes"]
+    lines = ["| export | MB | × float32 | × --int8 folder | export s (with check) | check | tokens = PyTorch | "
+             "p50 batch 1 (ms) |", "|---|---|---|---|---|---|---|---|"]
+    for name, form in forms.items():
+        lines.append(f"| {name} | {form['bytes'] / 1e6:.1f} | {form['bytes'] / f32:.3f} | {form['bytes'] / i8:.3f} | "
+                     f"{form['seconds']:.0f} | {form['check']} | {form['agreement']} | {p50[name] * 1e3:.0f} |")
+    import onnxruntime
+    import torch
+
+    shape = "a random BART of BART-base's shape (6+6 layers, d 768, vocabulary 50265)" if not (
+        args.model or args.small) else (args.model or "a tiny random BART (--small)")
+    command = "python benchmarks/lowbit_footprint.py" + (" --small" if args.small else "") + (
+        f" --model {args.model}" if args.model else "")
+    text = "\n".join([f"`{command}` on {platform.node() or 'this machine'} ({platform.processor() or platform.machine()},"
+                      f" {len(os.sched_getaffinity(0))} cores), torch {torch.__version__}, onnxruntime "
+                      f"{onnxruntime.__version__}; {shape}; validation on 4 documents of the Debian sample, "
+                      f"latency over {args.docs} documents, beam 4, {args.length} tokens forced, 2 threads.", "",
+                      *lines, "",
+                      f"Targets: ternary (2-2-8) folder ≤ 0.5× the --int8 folder: "
+                      f"{forms['quantize 2-2-8']['bytes'] / i8:.3f}×; --int4 ≤ 0.2× float32: "
+                      f"{forms['--int4']['bytes'] / f32:.3f}×."])
+    publish("lowbit-footprint", "export: what the ONNX folder keeps of the compression", text,
+            write=not args.no_write and not args.small)
+
+
+if __name__ == "__main__":
+    main()
