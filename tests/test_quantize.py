@@ -55,6 +55,26 @@ def test_positional_embeddings_and_norms_stay_full_precision(tmp_path):
     assert not any(n.startswith("lm_head") for n in quantized)
 
 
+def test_attention_maps_for_the_loss_are_taken_before_dropout():
+    """DQ-BART's attention loss compares the student's maps with the teacher's: in training they must be the
+    maps without attention dropout (the output still uses dropout)."""
+    model, tok = build("bart", wide=False)
+    model.config.dropout = model.config.activation_dropout = 0.0
+    for module in model.modules():  # attention dropout only, and a large one
+        if hasattr(module, "dropout") and isinstance(module.dropout, float):
+            module.dropout = 0.5 if module.__class__.__name__.endswith("Attention") else 0.0
+    quantize_model(model, parse_bits("8-8-8"))
+    inputs = _inputs(tok)
+    with torch.no_grad():
+        expected = model.eval()(**inputs, output_attentions=True).encoder_attentions[0]
+        torch.manual_seed(0)
+        trained = model.train()(**inputs, output_attentions=True)
+    assert torch.equal(trained.encoder_attentions[0], expected)  # the first layer's maps: same inputs
+    with torch.no_grad():
+        again = model.eval()(**inputs, output_attentions=True).encoder_last_hidden_state
+    assert not torch.equal(trained.encoder_last_hidden_state, again)  # dropout did act on the output
+
+
 def _header_and_data(path):
     raw = path.read_bytes()
     (header_len,) = struct.unpack("<Q", raw[:8])

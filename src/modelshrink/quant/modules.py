@@ -92,7 +92,8 @@ def _quantize_output(bits: int):
 def quantized_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                         position_bias: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager attention whose probabilities are fake-quantized to the module's activation bits."""
+    """Eager attention whose probabilities are fake-quantized to the module's activation bits; returns the output
+    (computed with attention dropout in training) and the probabilities before dropout."""
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
@@ -102,8 +103,10 @@ def quantized_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
         scores = scores + attention_mask
     probs = torch.softmax(scores.float(), dim=-1).type_as(scores)
     probs = fake_quantize_activation(probs, getattr(module, "modelshrink_activation_bits", 8))
-    probs = nn.functional.dropout(probs, p=dropout, training=module.training)
-    out = torch.matmul(probs, value).transpose(1, 2).contiguous()
+    dropped = nn.functional.dropout(probs, p=dropout, training=module.training)
+    out = torch.matmul(dropped, value).transpose(1, 2).contiguous()
+    # the maps before dropout: DQ-BART's attention loss compares them to the teacher's (eval-mode) maps, and
+    # dropped maps (zeros, the rest scaled by 1/(1-p)) would add noise and a bias to that loss
     return out, probs
 
 
