@@ -22,12 +22,14 @@ from modelshrink.errors import UserError
 from modelshrink.families import CLASSIFIER_TYPES, TOKEN_TYPE_CLASSIFIERS, family_of
 from modelshrink.onnx import lowbit
 from modelshrink.onnx.compress import compact_quantized, keep_low_bits, quantize_int8
+from modelshrink.onnx.fuse import fuse_decoder_with_past
 from modelshrink.onnx.graphs import export_classifier, export_seq2seq, parameter_count, use_eager_attention
 from modelshrink.onnx.int4 import quantize_int4
+from modelshrink.onnx.layout import apply_layout, check_layout
 from modelshrink.onnx.merge import merge_decoders, store_tied_once
 from modelshrink.onnx.validate import FLOAT_ATOL, INT4_RTOL, INT8_RTOL, QUANTIZED_RTOL, ExportCheckFailed, validate
 from modelshrink.options.export import ExportOptions
-from modelshrink.runtime.files import DECODER_MERGED, DECODER_WITH_PAST, DEQUANTIZED, ENCODER
+from modelshrink.runtime.files import DECODER_MERGED, DECODER_WITH_PAST, ENCODER, INT8_SCALED
 
 __all__ = ["ExportCheckFailed", "ExportOptions", "export_model", "inspect"]
 
@@ -99,7 +101,7 @@ def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions,
     storage: dict[str, Any] = {}
     if quantized is not None and not options.int8:
         # with --int8 the dynamic quantization stores every matmul weight and table in 8 bits itself (and
-        # multiplies in integers); DequantizeLinear weights in front of its integer matmuls would not load
+        # multiplies in integers); its integer matmuls need the weight itself, not a Cast and Mul that compute it
         thresholds = {1 if b == 2 else 2 ** (b - 1) - 1 for b in (quantized["weight_bits"],
                                                                   quantized["embedding_bits"])}
         for name in graphs:
@@ -116,6 +118,8 @@ def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions,
             storage[name] = quantize_int4(folder / name, options.int4_block_size, options.int4_embeddings)
             log(f"int4: {storage[name]['int4_matmuls']} matmuls and {storage[name]['int4_tables']} embedding tables "
                 f"of {name} in 4 bits (block {options.int4_block_size})")
+    if kind == "seq2seq":  # cross-attention keys and values once per document, not per beam (onnx/fuse.py)
+        storage["fused"] = fuse_decoder_with_past(folder / DECODER_WITH_PAST)
     if kind == "seq2seq" and options.merge:
         storage["merged"] = merge_decoders(folder)
         graphs = [ENCODER, DECODER_MERGED]
@@ -138,6 +142,7 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     writer = ArtifactWriter(output, overwrite=overwrite)
     writer.check()
     kind, config, model, tokenizer = _load_model(options)
+    check_layout(options.layout, kind, config, options.merge)
     qc = getattr(config, "quantization_config", None)
     quantized = dict(qc) if isinstance(qc, dict) and qc.get("quant_method") == "modelshrink" else None
     if quantized and options.int4:
@@ -158,7 +163,8 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
         graphs = (export_seq2seq if kind == "seq2seq" else export_classifier)(model, folder, enc, options.opset)
         graphs, storage = _rewrite(folder, kind, graphs, options, quantized, log)
         _write_companions(model, tokenizer, folder, kind)
-        resolved = {"kind": kind, "graphs": graphs, "max_source_length": max_source_length,
+        graphs = apply_layout(folder, graphs, options.layout, _weights(options, quantized, storage))
+        resolved = {"kind": kind, "graphs": graphs, "layout": options.layout, "max_source_length": max_source_length,
                     "quantized_artifact": quantized["bits"] if quantized else None,
                     "weights": _weights(options, quantized, storage),
                     # packed initializers hold two codes a byte: count the weights, not the bytes
@@ -211,8 +217,8 @@ def _weights(options: ExportOptions, quantized: dict[str, Any] | None, storage: 
         return "float32"
     if any(s.get("low_bit_values") for s in storage.values()):
         return "quantized: 4-bit codes (MatMulNBits, GatherBlockQuantized)" + (
-            " + " + DEQUANTIZED if any(s.get("int8_initializers") for s in storage.values()) else "")
-    return DEQUANTIZED
+            " + " + INT8_SCALED if any(s.get("int8_initializers") for s in storage.values()) else "")
+    return INT8_SCALED
 
 
 def _write_companions(model: Any, tokenizer: Any, folder: Path, kind: str) -> None:

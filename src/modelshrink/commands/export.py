@@ -25,7 +25,7 @@ int8 for CPU serving (onnxruntime dynamic quantization, one weight scale per out
     modelshrink export runs/student -o runs/student-onnx-int4 --int4
 
 A ternary or 4-bit `quantize` artifact keeps its low bits (4-bit codes that onnxruntime's MatMulNBits and
-GatherBlockQuantized read; 5-8-bit weights as int8 + DequantizeLinear):
+GatherBlockQuantized read; 5-8-bit weights as int8, scaled back to float when the graph loads):
 
     modelshrink export runs/student-228 -o runs/student-228-onnx
 

@@ -5,8 +5,9 @@ the traced graphs (the exporter renames and transposes linear weights, but it ke
 - `keep_low_bits`: b of 2-4 bits as 4-bit codes that onnxruntime reads itself (`modelshrink.onnx.lowbit`:
   MatMulNBits for matmul weights, GatherBlockQuantized for embedding tables, a tied output projection sharing
   its table's codes), so a ternary model stays at about half a byte a weight and computes exactly α·b;
-- `compact_quantized`: the rest (5-8 bits, or a weight no such op reads) as int8 with a DequantizeLinear node
-  (one scale per tensor or per row), about 4x smaller than float32.
+- `compact_quantized`: the rest (5-8 bits, or a weight no such op reads) as int8 with a Cast and a Mul by its
+  scale (per tensor, row or column), which onnxruntime folds into a float weight on load; about 4x smaller
+  than float32.
 - `quantize_int8` (`--int8`): onnxruntime's dynamic quantization (8-bit weights with one scale per output
   column, integer matmuls with activations quantized on the fly), then `quantize_embeddings`: embedding
   tables in int8 with a scale per row. See `quantize_int8` for the choices and what they measured.
@@ -69,10 +70,15 @@ def keep_low_bits(path: Path, thresholds: set[int]) -> dict[str, int]:
 
 
 def compact_quantized(path: Path, thresholds: set[int]) -> dict[str, int]:
-    """Store float initializers whose values are α·b (b integer, |b| <= a threshold) as int8 + DequantizeLinear.
+    """Store float initializers whose values are α·b (b integer, |b| <= a threshold) as int8, turned back into
+    floats by Cast and Mul (α per tensor, or per row of the stored matrix, or per column).
 
     The values are recognised rather than looked up by name: the exporter renames and transposes
-    linear weights, but it keeps their values exactly."""
+    linear weights, but it keeps their values exactly. Cast and Mul rather than DequantizeLinear: onnxruntime
+    (1.32) rewrites DequantizeLinear + MatMul into its own 8-bit kernels, which fail to load these weights
+    ("TransposeDQWeightsForMatMulNBits Missing required weight") and would quantize the activations too; Cast
+    and Mul of constants are folded into a float weight when the graph loads, in any client (Optimum,
+    transformers.js), so the matmul computes exactly α·b."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -94,14 +100,15 @@ def compact_quantized(path: Path, thresholds: set[int]) -> dict[str, int]:
             kept.append(init)
             continue
         b, scale, axis = found
-        q_name, s_name, z_name = init.name + "_int8", init.name + "_scale", init.name + "_zero"
-        kept += [numpy_helper.from_array(b, q_name), numpy_helper.from_array(scale, s_name),
-                 numpy_helper.from_array(np.zeros(scale.shape, dtype=np.int8), z_name)]
-        attrs = {"axis": axis} if scale.ndim == 1 else {}
-        new_nodes.append(helper.make_node("DequantizeLinear", [q_name, s_name, z_name], [init.name],
-                                          name=init.name + "_dequantize", **attrs))
+        if scale.ndim == 1:  # broadcast against [rows, columns]: per row [rows, 1], per column [columns]
+            scale = scale.reshape(-1, 1) if axis == 0 else scale
+        q_name, s_name = init.name + "_int8", init.name + "_scale"
+        kept += [numpy_helper.from_array(b, q_name), numpy_helper.from_array(scale, s_name)]
+        new_nodes += [helper.make_node("Cast", [q_name], [init.name + "_cast"], name=init.name + "_cast",
+                                       to=onnx.TensorProto.FLOAT),
+                      helper.make_node("Mul", [init.name + "_cast", s_name], [init.name], name=init.name + "_scaled")]
         replaced += 1
-        saved += w.nbytes - b.nbytes - scale.nbytes * 2
+        saved += w.nbytes - b.nbytes - scale.nbytes
     del graph.initializer[:]
     graph.initializer.extend(kept)
     for node in reversed(new_nodes):

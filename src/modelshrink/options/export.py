@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from modelshrink.errors import UserError
+from modelshrink.onnx.layout import LAYOUTS
 from modelshrink.options import REQUIRED, Options, opt, options_class
 
 CHECK = "Validation against PyTorch"
@@ -33,6 +34,10 @@ class ExportOptions(Options):
                                          "tensor). [default: per channel]")
     merge: bool = opt(True, "Seq2seq: one decoder_model_merged.onnx (an If between first step and steps with past, "
                             "weights stored once) instead of decoder_model.onnx + decoder_with_past_model.onnx.")
+    layout: str = opt("optimum", "The folder as a client loads it: optimum (graphs beside config.json, Optimum's "
+                                 "ORTModelForSeq2SeqLM; every family) or transformers.js (graphs in onnx/ named by "
+                                 "weight type, for @huggingface/transformers; bart, t5 and classifiers, not "
+                                 "bert2bert). Both run with modelshrink.runtime.", choices=LAYOUTS)
     validate: bool = opt(True, "Check outputs and generated tokens against PyTorch.", panel=CHECK)
     atol: float | None = opt(None, "Largest allowed absolute difference of any output (padded source positions are not "
                                    "compared). [default: 1e-4; with --int8, an RMS difference of a quarter of each "

@@ -15,6 +15,9 @@ from .processors import bans, forced, process
 from .settings import Search
 
 NEG = np.float32(-1.0e9)
+# The first axis of a decoder input that holds one row per document rather than one per beam (the
+# cross-attention keys and values after modelshrink.onnx.fuse.per_document_cross_attention)
+DOCUMENTS = "documents"
 FirstStep = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, dict]]
 NextStep = Callable[[np.ndarray, np.ndarray, dict], tuple[np.ndarray, dict]]
 
@@ -71,8 +74,9 @@ def greedy(first_step: FirstStep, next_step: NextStep, hidden: np.ndarray, mask:
 
 
 def beam_search(first_step: FirstStep, next_step: NextStep, search_ops: Any, hidden: np.ndarray, mask: np.ndarray,
-                s: Search) -> np.ndarray:
-    """Token ids [batch, length] of beam search, as `model.generate` returns them."""
+                s: Search, per_document: frozenset[str] = frozenset()) -> np.ndarray:
+    """Token ids [batch, length] of beam search, as `model.generate` returns them. The past entries named in
+    `per_document` hold one row per document, shared by its beams; the others one row per beam."""
     # A transcription of transformers' GenerationMixin._beam_search (v5) in numpy, float32 throughout.
     batch, beams, length = hidden.shape[0], s.num_beams, s.max_length
     keep = max(2, 1 + len(s.eos_token_id)) * beams
@@ -90,9 +94,14 @@ def beam_search(first_step: FirstStep, next_step: NextStep, search_ops: Any, hid
     improvable = np.ones((batch, 1), dtype=bool)
     running_idx = np.full((batch, beams, length - 1), -1, dtype=np.int64)
     beam_idx_done = running_idx.copy()
-    hidden, mask = np.repeat(hidden, beams, axis=0), np.repeat(mask, beams, axis=0)
+    # Every beam of a document starts from the same token, so the first step runs once per document and its
+    # outputs are repeated for the beams: it computes the cross-attention keys and values of the whole
+    # source, which at beam 4 cost as much as two thirds of the encoder when each beam computed its own.
+    logits, past = first_step(running[:, 0, :1], hidden, mask)
+    logits = np.repeat(logits, beams, axis=0)
+    past = {n: v if n in per_document else np.repeat(v, beams, axis=0) for n, v in past.items()}
+    mask = np.repeat(mask, beams, axis=0)
     cur = 1
-    logits, past = first_step(running[:, :, :1].reshape(batch * beams, 1), hidden, mask)
     while True:
         flat = running[:, :, :cur].reshape(batch * beams, cur)
         vocab = logits.shape[-1]
@@ -129,7 +138,13 @@ def beam_search(first_step: FirstStep, next_step: NextStep, search_ops: Any, hid
         go_on = improvable.any() and not (finished.all() and s.early_stopping is True) and not hits.all()
         if not go_on:
             break
-        past = {n: (v[reorder] if ".decoder." in n else v) for n, v in past.items()}
+        # the self-attention cache follows its beams; most rows continue their own beam, so only the rows
+        # that moved are copied (in place: the decoder's outputs are this loop's own arrays)
+        moved = np.flatnonzero(reorder != np.arange(reorder.size))
+        if moved.size:
+            for name, value in past.items():
+                if ".decoder." in name:
+                    value[moved] = value[reorder[moved]]
         if not improvable.all():
             # A document that cannot improve keeps its finished hypotheses from here on (transformers goes on
             # computing its beams, whose results are then masked out): it leaves the batch, so the decoder
@@ -144,7 +159,7 @@ def beam_search(first_step: FirstStep, next_step: NextStep, search_ops: Any, hid
             finished, improvable = finished[alive], improvable[alive]
             rows = (alive[:, None] * beams + np.arange(beams)[None, :]).reshape(-1)
             mask = mask[rows]
-            past = {n: v[rows] for n, v in past.items()}
+            past = {n: v[alive] if n in per_document else v[rows] for n, v in past.items()}
             batch = alive.size
         tokens_in = running[:, :, cur - 1].reshape(-1, 1)
         logits, past = next_step(tokens_in, mask, past)

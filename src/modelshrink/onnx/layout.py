@@ -1,0 +1,71 @@
+"""The export folder as each client expects it (`modelshrink export --layout`).
+
+`optimum` (the default): the graphs beside config.json under Optimum's names, as Optimum's
+`ORTModelForSeq2SeqLM` / `ORTModelForSequenceClassification` load them; nothing to rewrite.
+
+`transformers.js`: `@huggingface/transformers` (4.x) loads a seq2seq model from `onnx/encoder_model{suffix}.onnx`
+and `onnx/decoder_model_merged{suffix}.onnx` (a classifier from `onnx/model{suffix}.onnx`), where the suffix
+names the weight type ("dtype": none for fp32, `_quantized` for q8, `_q4`, ...) picked by
+`transformers.js_config.dtype` in config.json, else by the device (q8 in a browser's wasm, fp32 in Node). So the
+graphs move to onnx/ under the name of their weight type, and config.json names that type: loading without a
+dtype picks the graphs that were written. It has no decoder in two graphs, and runs only the seq2seq model types
+below (no EncoderDecoderModel, so no bert2bert). Our runtime finds the graphs in either layout
+(`modelshrink.runtime.files.graph_path`); search_ops.onnx, which transformers.js does not use, stays beside
+config.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from modelshrink.errors import UserError
+from modelshrink.runtime.files import DEQUANTIZED, DTYPE_SUFFIXES, INT8_SCALED, SUBFOLDER
+
+LAYOUTS = ("optimum", "transformers.js")
+# Seq2seq model types transformers.js 4.3 has a model for (MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES) among
+# those we export; bart and t5 are tested (tests/test_clients.py). Every classifier type we export is there too.
+TRANSFORMERS_JS_SEQ2SEQ = ("bart", "mbart", "marian", "t5", "mt5")
+# modelshrink.json's resolved "weights" (see modelshrink.export._weights) -> transformers.js's dtype of the graphs
+DTYPES = {"float32": "fp32", "int8 (onnxruntime dynamic)": "q8", "int4 (MatMulNBits)": "q4",
+          "quantized: 4-bit codes": "q4", INT8_SCALED: "int8", DEQUANTIZED: "int8"}
+
+
+def check_layout(layout: str, kind: str, config: Any, merge: bool) -> None:
+    """A one-line UserError, before anything is written, for a folder the layout's client could not run."""
+    if layout != "transformers.js" or kind != "seq2seq":
+        return
+    if config.model_type not in TRANSFORMERS_JS_SEQ2SEQ:
+        what = "EncoderDecoderModel (bert2bert)" if config.model_type == "encoder-decoder" else config.model_type
+        raise UserError(f"--layout transformers.js: transformers.js has no model for {what}; it runs the seq2seq "
+                        f"types {', '.join(TRANSFORMERS_JS_SEQ2SEQ)} and the classifiers (use --layout optimum "
+                        "for this model)")
+    if not merge:
+        raise UserError("--layout transformers.js needs the merged decoder (transformers.js loads "
+                        "decoder_model_merged.onnx only): drop --no-merge")
+
+
+def dtype_of(weights: str) -> str:
+    """transformers.js's name for how the graphs store their weights."""
+    for prefix, dtype in DTYPES.items():
+        if weights.startswith(prefix):
+            return dtype
+    raise ValueError(f"no transformers.js dtype for weights {weights!r}: add it to DTYPES")
+
+
+def apply_layout(folder: Path, graphs: list[str], layout: str, weights: str) -> list[str]:
+    """Rewrite the finished folder for `layout`; returns the graphs' paths relative to `folder`."""
+    if layout == "optimum":
+        return graphs
+    dtype = dtype_of(weights)
+    (folder / SUBFOLDER).mkdir()
+    moved = []
+    for name in graphs:
+        target = f"{SUBFOLDER}/{name.removesuffix('.onnx')}{DTYPE_SUFFIXES[dtype]}.onnx"
+        (folder / name).rename(folder / target)
+        moved.append(target)
+    config = json.loads((folder / "config.json").read_text())
+    config["transformers.js_config"] = {"dtype": dtype}
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return moved
