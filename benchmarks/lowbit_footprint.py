@@ -111,7 +111,8 @@ def main() -> None:
     shape = "a random BART of BART-base's shape (6+6 layers, d 768, vocabulary 50265)" if not (
         args.model or args.small) else (args.model or "a tiny random BART (--small)")
     command = "python benchmarks/lowbit_footprint.py" + (" --small" if args.small else "") + (
-        f" --model {args.model}" if args.model else "")
+        f" --model {args.model}" if args.model else "") + (f" --docs {args.docs}" if args.docs != 12 else "") + (
+        f" --length {args.length}" if args.length != 32 else "")
     text = "\n".join([f"`{command}` on {platform.node() or 'this machine'} ({platform.processor() or platform.machine()},"
                       f" {len(os.sched_getaffinity(0))} cores), torch {torch.__version__}, onnxruntime "
                       f"{onnxruntime.__version__}; {shape}; validation on 4 documents of the Debian sample, "
