@@ -20,15 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from modelshrink.onnx import lowbit
 
 
-def consumers_of(graph: Any) -> dict[str, list[Any]]:
-    """Tensor name -> the nodes of `graph` that read it."""
-    consumers: dict[str, list[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    return consumers
 
 def keep_low_bits(path: Path, thresholds: set[int]) -> dict[str, int]:
     """Rewrite the graph at `path`: every matmul weight and embedding table that is α·b with |b| <= 7 (one α per
@@ -38,32 +32,31 @@ def keep_low_bits(path: Path, thresholds: set[int]) -> dict[str, int]:
     import onnx
     from onnx import numpy_helper
 
-    from modelshrink.onnx.lowbit import LowBitGraph, block_size_for, integer_blocks, transposed_pairs
-
     low = {th for th in thresholds if th <= 7}
     model = onnx.load(str(path))
-    graph = LowBitGraph(model)
+    graph = lowbit.LowBitGraph(model)
     if not low:
         return {"low_bit_matmuls": 0, "low_bit_tables": 0, **graph.summary("low_bit")}
-    pairs = transposed_pairs(graph)
+    pairs = lowbit.transposed_pairs(graph)
     inits = {i.name: i for i in model.graph.initializer}
     matmuls = tables = 0
     done: set[str] = set()
     for init in [i for i in model.graph.initializer if graph.gather_table(i)]:
         found = _integer_form(numpy_helper.to_array(init), low)
-        size = block_size_for(init.dims[1])
+        size = lowbit.block_size_for(init.dims[1])
         if found is None or size is None or (found[1].ndim and found[2] != 0):
             continue  # one α per row of the table (or for all): the blocks of its transpose, one column a row
         b, scale, _ = found
         tied = [inits[name] for name in pairs.get(init.name, [])]
-        matmuls += graph.as_tied(init, tied, integer_blocks(b.T, scale, 4, size))
+        matmuls += graph.as_tied(init, tied, lowbit.integer_blocks(b.T, scale, 4, size))
         done.update(name for name in pairs.get(init.name, []))
         tables += 1
     for init in [i for i in model.graph.initializer if graph.matmul_weight(i) and i.name not in done]:
         found = _integer_form(numpy_helper.to_array(init), low)
         if found is not None and (not found[1].ndim or found[2] == 1):  # one α per output column (or for all)
             b, scale, _ = found
-            matmuls += graph.as_matmul(init, integer_blocks(b, scale, 4, block_size_for(b.shape[0]) or 16))
+            size = lowbit.block_size_for(b.shape[0]) or 16
+            matmuls += graph.as_matmul(init, lowbit.integer_blocks(b, scale, 4, size))
     graph.finish()
     onnx.save(model, str(path))
     return {"low_bit_matmuls": matmuls, "low_bit_tables": tables, **graph.summary("low_bit")}
@@ -82,12 +75,10 @@ def compact_quantized(path: Path, thresholds: set[int]) -> dict[str, int]:
     import onnx
     from onnx import helper, numpy_helper
 
-    from modelshrink.onnx.lowbit import DOMAIN
-
     model = onnx.load(str(path))
     graph = model.graph
     # keep_low_bits' scales: read by its ops, or by the Reshape that shapes them for a lookup
-    feeding = {name for node in graph.node if node.domain == DOMAIN for name in node.input}
+    feeding = {name for node in graph.node if node.domain == lowbit.DOMAIN for name in node.input}
     packed = feeding | {name for node in graph.node if set(node.output) & feeding for name in node.input}
     replaced, saved = 0, 0
     kept = []
@@ -139,7 +130,7 @@ def quantize_embeddings(path: Path) -> int:
 
     model = onnx.load(str(path))
     graph = model.graph
-    consumers = consumers_of(graph)
+    consumers = lowbit.consumers_of(graph)
     changed, kept, new_nodes = 0, [], []
     for init in graph.initializer:
         users = consumers.get(init.name, [])

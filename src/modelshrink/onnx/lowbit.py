@@ -55,6 +55,15 @@ def require_support(what: str) -> None:
                         f"{onnxruntime.__version__} lacks; upgrade onnxruntime (1.32 is tested), or export with --int8")
 
 
+def consumers_of(graph: Any) -> dict[str, list[Any]]:
+    """Tensor name -> the nodes of `graph` that read it."""
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    return consumers
+
+
 @dataclass
 class Blocks:
     """A [K, N] weight as MatMulNBits holds it."""
@@ -126,8 +135,6 @@ class LowBitGraph:
     """An ONNX model being rewritten: float initializers replaced by packed codes and the ops that read them."""
 
     def __init__(self, model: Any):
-        from modelshrink.onnx.compress import consumers_of
-
         self.model, self.graph = model, model.graph
         self.consumers = consumers_of(self.graph)
         self.removed: set[str] = set()
