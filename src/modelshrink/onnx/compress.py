@@ -16,7 +16,6 @@ the traced graphs (the exporter renames and transposes linear weights, but it ke
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
