@@ -96,16 +96,22 @@ def main() -> None:
     from modelshrink.commands._common import stop_on_sigterm
 
     stop_on_sigterm()
+    succeeded = False
     try:
         app()
+    except SystemExit as e:
+        succeeded = e.code in (0, None)
+        raise
     finally:
-        _close_process_group()
+        _close_process_group(succeeded)
 
 
-def _close_process_group() -> None:
+def _close_process_group(succeeded: bool) -> None:
     """Under a launcher, leave the process group before exiting: a gloo group torn down by the
     interpreter's exit instead could abort a process that had finished its work (seen as
-    "terminate called without an active exception", SIGABRT, in a loaded CI run)."""
+    "terminate called without an active exception", SIGABRT, in a loaded CI run). After a success the
+    processes first wait for each other, so that none tears down its connections while another still
+    works alone (eval's latency measurement runs on the main process only: rank 1 aborted there once)."""
     import sys
 
     if "torch.distributed" not in sys.modules:  # never import torch just to leave
@@ -113,6 +119,11 @@ def _close_process_group() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        if succeeded:
+            try:
+                dist.barrier()
+            except Exception:  # a peer that failed: leave anyway, its own error is what the user needs
+                pass
         dist.destroy_process_group()
 
 
