@@ -163,10 +163,11 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
         graphs = (export_seq2seq if kind == "seq2seq" else export_classifier)(model, folder, enc, options.opset)
         graphs, storage = _rewrite(folder, kind, graphs, options, quantized, log)
         _write_companions(model, tokenizer, folder, kind)
-        graphs = apply_layout(folder, graphs, options.layout, _weights(options, quantized, storage))
+        weights = _weights(options, quantized, storage)
+        graphs = apply_layout(folder, graphs, options.layout, weights)
         resolved = {"kind": kind, "graphs": graphs, "layout": options.layout, "max_source_length": max_source_length,
                     "quantized_artifact": quantized["bits"] if quantized else None,
-                    "weights": _weights(options, quantized, storage),
+                    "weights": weights,
                     # packed initializers hold two codes a byte: count the weights, not the bytes
                     "parameters": parameter_count(folder, graphs) + sum(
                         s.get(f"{p}_values", 0) - s.get(f"{p}_stored_values", 0) for n, s in storage.items()

@@ -24,6 +24,10 @@ int8 for CPU serving (onnxruntime dynamic quantization, one weight scale per out
 
     modelshrink export runs/student -o runs/student-onnx-int4 --int4
 
+For transformers.js (graphs in onnx/, named by weight type; bart, t5 and classifiers):
+
+    modelshrink export runs/student -o runs/student-js --layout transformers.js --int8
+
 A ternary or 4-bit `quantize` artifact keeps its low bits (4-bit codes that onnxruntime's MatMulNBits and
 GatherBlockQuantized read; 5-8-bit weights as int8, scaled back to float when the graph loads):
 
@@ -41,7 +45,7 @@ tokens differ from PyTorch's beyond the tolerance (see export_report.json in the
 
 @from_options(ExportOptions, extra=[OUTPUT, OVERWRITE, QUIET])
 def export_command(options: ExportOptions, output: Path, overwrite: bool, quiet: bool) -> None:
-    """Export a model to ONNX (Optimum's file layout), validate it against PyTorch, and write a folder
+    """Export a model to ONNX (Optimum's file layout, or transformers.js's with --layout), validate it against PyTorch, and write a folder
     that runs with onnxruntime, tokenizers and numpy alone (`modelshrink run`, `modelshrink.runtime`).
     """
     from modelshrink.export import export_model
