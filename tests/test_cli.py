@@ -170,7 +170,7 @@ def test_cached_hub_name_works_offline(saved_models, docs_jsonl, tmp_path):
 def test_interrupted_cli_run_resumes(saved_models, docs_jsonl, tmp_path, monkeypatch):
     import modelshrink.pseudolabel as pl
 
-    original = pl.generate
+    original = pl.generate_ids
     calls = {"n": 0}
 
     def flaky(*args, **kwargs):
@@ -179,7 +179,7 @@ def test_interrupted_cli_run_resumes(saved_models, docs_jsonl, tmp_path, monkeyp
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(pl, "generate", flaky)
+    monkeypatch.setattr(pl, "generate_ids", flaky)
     out = tmp_path / "pl"
     first = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", out, "--batch-size", "4")
     assert first.exit_code == 130 and "--resume" in first.stderr and not out.exists()

@@ -10,7 +10,8 @@ import torch
 from conftest import DOCUMENTS, FAMILIES, read_rows
 from modelshrink.artifacts import read_manifest, staging_path, verify_files
 from modelshrink.errors import UserError
-from modelshrink.pseudolabel import PseudolabelOptions, pseudolabel, row_lambda
+from modelshrink.plate import row_lambda
+from modelshrink.pseudolabel import PseudolabelOptions, pseudolabel
 
 
 def _options(teacher, data, **kw):

@@ -84,3 +84,47 @@ def summarize_bins(per_doc: list[tuple[np.ndarray | None, int, int]]) -> dict[st
                       "generated tokens) whose source position, normalised to (0, 1], falls in each bin; mean over "
                       "documents",
     }
+
+
+def plot_file(doc_id: str) -> str:
+    """The PNG name of one document's heatmap (characters outside [A-Za-z0-9-_.] become _)."""
+    return "attention-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in doc_id) + ".png"
+
+
+class AttentionRecorder:
+    """What `--attention-stats` and `--attention-plot` ask of a generating step, batch by batch.
+
+    `record` is called inside the step's attention-temperature block, right after a batch was
+    generated, so the weights are those of the λ the summaries were written with. Per-row shares go
+    into each row as "_attention" (which survives part files and resumes); `summary` pops them all
+    and averages. The heatmap of the document `plot_id` is written to `folder`."""
+
+    def __init__(self, stats: bool, plot_id: str | None, folder: Any, tokenizer: Any) -> None:
+        self.stats, self.plot_id, self.folder, self.tokenizer = stats, plot_id, folder, tokenizer
+        self.plot_name = None if plot_id is None else plot_file(plot_id)
+
+    def record(self, model: Any, rows: list[dict[str, Any]], doc_ids: list[str], lambdas: list[float],
+               input_ids: torch.Tensor, attention_mask: torch.Tensor, sequences: torch.Tensor) -> None:
+        plot_row = doc_ids.index(self.plot_id) if self.plot_id in doc_ids else None
+        if not self.stats and plot_row is None:
+            return
+        weights = cross_attention(model, input_ids, attention_mask, sequences)
+        if self.stats:
+            for row, w in zip(rows, weights):
+                shares, evident, total = evident_bins(w)
+                row["_attention"] = [None if shares is None else shares.tolist(), evident, total]
+        if plot_row is not None:
+            from modelshrink.figures import attention_heatmap
+
+            b, mask = plot_row, attention_mask[plot_row].bool()
+            attention_heatmap(weights[b].mean(axis=(0, 1)),
+                              self.tokenizer.convert_ids_to_tokens(input_ids[b][mask].tolist()),
+                              self.tokenizer.convert_ids_to_tokens(sequences[b][1:1 + weights[b].shape[2]].tolist()),
+                              self.folder / self.plot_name,
+                              f"cross attention at λ = {lambdas[b]:g} (mean over layers and heads), "
+                              f"document {self.plot_id}")
+
+    def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The corpus statistics (None without --attention-stats); removes "_attention" from the rows."""
+        recorded = [tuple(r.pop("_attention")) for r in rows if "_attention" in r]
+        return summarize_bins(recorded) if self.stats else None

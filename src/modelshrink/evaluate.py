@@ -33,7 +33,8 @@ LogFn = Callable[[str], None]
 SUMMARIZATION_OPTIONS = {"limited_length_recall": False, "attention_stats": False, "attention_plot": None,
                          "num_beams": None, "length_penalty": None, "min_length": None, "max_length": None,
                          "no_repeat_ngram_size": None, "max_source_length": None, "max_tokens": None, "summary_column": None,
-                         "reference_column": None, "references": None}
+                         "reference_column": None, "references": None, "lam": None, "lambda_enc": None,
+                         "lambda_dec": None, "lambda_cross": None, "lambda_range": None}
 CLASSIFICATION_OPTIONS = {"label_column": None, "text_pair_column": None}
 
 
@@ -43,7 +44,8 @@ def _check_task_options(task: str, options: EvalOptions, what: str) -> None:
     for name, default in wrong.items():
         if getattr(options, name) != default:
             kind = "summarization" if task != "summarization" else "classification"
-            raise UserError(f"--{name.replace('_', '-')} applies to {kind}, but {what} is a {task} task")
+            flag = "--lambda" if name == "lam" else f"--{name.replace('_', '-')}"
+            raise UserError(f"{flag} applies to {kind}, but {what} is a {task} task")
 
 
 def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,

@@ -103,10 +103,11 @@ def _summarize_with_model(options: EvalOptions, docs: list[Any], staging: Path, 
                           progress: ProgressFn | None, log: LogFn
                           ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any], Any]:
     from modelshrink import shards
-    from modelshrink.attention_stats import cross_attention, evident_bins, summarize_bins
+    from modelshrink.attention_stats import AttentionRecorder
     from modelshrink.efficiency import parameter_count, peak_memory, reset_peak_memory, weight_bytes
     from modelshrink.generation import decode, generate_ids, plan_batches, resolve_generation
     from modelshrink.models import load_seq2seq, source_length
+    from modelshrink.plate import attention_temperature, batch_lambdas, lambdas_of
     from modelshrink.precision import torch_dtype
 
     if options.attention_plot is not None and options.attention_plot not in {d.id for d in docs}:
@@ -119,58 +120,57 @@ def _summarize_with_model(options: EvalOptions, docs: list[Any], staging: Path, 
                                   length_penalty=options.length_penalty, min_length=options.min_length,
                                   max_length=options.max_length, no_repeat_ngram_size=options.no_repeat_ngram_size)
     max_source_length = source_length(options.max_source_length, tokenizer, model.config)
-    plot_name = None if options.attention_plot is None else "attention-" + "".join(
-        c if c.isalnum() or c in "-_." else "_" for c in options.attention_plot) + ".png"
+    recorder = AttentionRecorder(options.attention_stats, options.attention_plot, staging, tokenizer)
+    lambdas = lambdas_of(options)
+    rows_scale = None  # set inside the temperature block below, for per-document λ
 
     def run(batch: Any) -> list[dict[str, Any]]:
         padded = tokenizer.pad({"input_ids": batch.token_ids}, return_tensors="pt")
         input_ids, mask = padded["input_ids"].to(device), padded["attention_mask"].to(device)
+        row_lambdas = batch_lambdas(options, [e.index for e in batch.rows])
+        if rows_scale is not None:
+            rows_scale.set(row_lambdas)
         ids = generate_ids(model, input_ids, mask, settings)
         rows = [{"id": e.id, "document": e.document, "prediction": text, "reference": e.reference}
                 for e, text in zip(batch.rows, decode(tokenizer, ids))]
-        wanted_plot = options.attention_plot in {e.id for e in batch.rows}
-        if options.attention_stats or wanted_plot:
-            weights = cross_attention(model, input_ids, mask, ids)
-            if options.attention_stats:
-                for row, w in zip(rows, weights):
-                    shares, evident, total = evident_bins(w)
-                    row["_attention"] = [None if shares is None else shares.tolist(), evident, total]
-            if wanted_plot:
-                from modelshrink.figures import attention_heatmap
-
-                b = next(i for i, e in enumerate(batch.rows) if e.id == options.attention_plot)
-                attention_heatmap(weights[b].mean(axis=(0, 1)),
-                                  tokenizer.convert_ids_to_tokens(input_ids[b][mask[b].bool()].tolist()),
-                                  tokenizer.convert_ids_to_tokens(ids[b][1:1 + weights[b].shape[2]].tolist()),
-                                  staging / plot_name, "cross attention (mean over layers and heads), document "
-                                                       f"{options.attention_plot}")
+        if options.lambda_range is not None:
+            for row, lam in zip(rows, row_lambdas):
+                row["lambda"] = lam
+        recorder.record(model, rows, [e.id for e in batch.rows], row_lambdas, input_ids, mask, ids)
         return rows
 
     reset_peak_memory(device)
     truncated: list[str] = []
     batches = shards.noting_truncation(plan_batches(iter(docs), tokenizer, options.batch_size, max_source_length,
                                                     options.max_tokens), options.max_tokens, truncated, log)
-    rows, timing = _sharded(batches, staging, launch, run, len(docs), progress)
-    if rows is None:
-        return None, {}, {}, tokenizer
-    efficiency: dict[str, Any] = {"parameters": parameter_count(model), "bytes_on_disk": weight_bytes(options.model),
-                                  **_throughput(timing, options, launch), "device": device, "dtype": options.dtype,
-                                  **peak_memory(device)}
-    if options.latency_docs:
-        def one(example):
-            enc = tokenizer(example.document, truncation=True, max_length=max_source_length, return_tensors="pt")
-            generate_ids(model, enc["input_ids"].to(device), enc["attention_mask"].to(device), settings)
+    # Everything that generates, the latency runs included, runs at the temperature asked for.
+    with attention_temperature(family.attention_modules(model), lambdas) as rows_scale:
+        rows, timing = _sharded(batches, staging, launch, run, len(docs), progress)
+        if rows is None:
+            return None, {}, {}, tokenizer
+        efficiency: dict[str, Any] = {"parameters": parameter_count(model),
+                                      "bytes_on_disk": weight_bytes(options.model),
+                                      **_throughput(timing, options, launch), "device": device,
+                                      "dtype": options.dtype, **peak_memory(device)}
+        if options.latency_docs:
+            def one(example):
+                if rows_scale is not None:
+                    rows_scale.set(batch_lambdas(options, [example.index]))
+                enc = tokenizer(example.document, truncation=True, max_length=max_source_length, return_tensors="pt")
+                generate_ids(model, enc["input_ids"].to(device), enc["attention_mask"].to(device), settings)
 
-        log(f"measuring latency at batch 1 on {min(options.latency_docs, len(docs))} documents")
-        efficiency.update(_latency(one, docs[:options.latency_docs]), **_latency_note(launch))
+            log(f"measuring latency at batch 1 on {min(options.latency_docs, len(docs))} documents")
+            efficiency.update(_latency(one, docs[:options.latency_docs]), **_latency_note(launch))
     extra: dict[str, Any] = {"generation": settings.as_dict(), "max_source_length": max_source_length,
-                             "family": family.name, "dtype": options.dtype, "processes": launch.world}
+                             "family": family.name, "dtype": options.dtype, "processes": launch.world,
+                             "lambda_by_kind": lambdas}
     if truncated:
         extra["truncated_to_max_tokens"] = len(truncated)
-    if options.attention_stats:
-        extra["attention"] = summarize_bins([tuple(r.pop("_attention")) for r in rows])
-    if plot_name is not None:
-        extra["attention_plot"] = plot_name
+    attention = recorder.summary(rows)
+    if attention is not None:
+        extra["attention"] = attention
+    if recorder.plot_name is not None:
+        extra["attention_plot"] = recorder.plot_name
     return rows, efficiency, extra, tokenizer
 
 
@@ -182,6 +182,9 @@ def _summarize_with_export(options: EvalOptions, docs: list[Any], staging: Path,
 
     if options.attention_stats or options.attention_plot:
         raise UserError("--attention-stats and --attention-plot need the PyTorch model, not an export folder")
+    if given := options.temperature_options():
+        raise UserError(f"{given[0]} needs the PyTorch model: an export folder runs at the attention temperature it "
+                        "was exported with")
     for name in ("max_tokens", "dtype"):
         if getattr(options, name) != EvalOptions.__dataclass_fields__[name].default:
             raise UserError(f"--{name.replace('_', '-')} applies to a PyTorch model; an export folder runs as exported")

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
 
 import torch
 
@@ -140,3 +142,22 @@ def lambdas_by_kind(lam: float | None = None, enc: float | None = None, dec: flo
         "decoder_self": dec if dec is not None else base,
         "decoder_cross": cross if cross is not None else base,
     }
+
+
+def lambdas_of(options: Any) -> dict[str, float | None]:
+    """`lambdas_by_kind` for a step's TemperatureOptions."""
+    return lambdas_by_kind(options.lam, options.lambda_enc, options.lambda_dec, options.lambda_cross,
+                           per_row=options.lambda_range is not None)
+
+
+def row_lambda(seed: int, index: int, low: float, high: float) -> float:
+    """λ ~ U[low, high] for document `index`: a function of (seed, index) alone, so the draw does
+    not depend on batching, window order, the process or where a resumed run restarts."""
+    return float(np.random.default_rng([seed, index]).uniform(low, high))
+
+
+def batch_lambdas(options: Any, indices: Sequence[int]) -> list[float]:
+    """Each document's λ (the drawn one under --lambda-range, else --lambda or 1.0), in batch order."""
+    if options.lambda_range is not None:
+        return [row_lambda(options.seed, i, *options.lambda_range) for i in indices]
+    return [1.0 if options.lam is None else options.lam] * len(indices)

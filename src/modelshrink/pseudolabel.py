@@ -16,24 +16,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
 from modelshrink import shards
 from modelshrink.artifacts import RUN_FILE, ArtifactWriter, parent_ref
+from modelshrink.attention_stats import AttentionRecorder
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
-from modelshrink.generation import generate, plan_batches, resolve_generation, sample_seed
+from modelshrink.generation import decode, generate_ids, plan_batches, resolve_generation, sample_seed
 from modelshrink.models import load_seq2seq, source_length
 from modelshrink.options.pseudolabel import PseudolabelOptions
-from modelshrink.plate import attention_temperature, lambdas_by_kind
+from modelshrink.plate import attention_temperature, batch_lambdas, lambdas_of
 from modelshrink.precision import check_precision, torch_dtype
 from modelshrink.runs import finished, open_run
-
-
-def row_lambda(seed: int, index: int, low: float, high: float) -> float:
-    """λ ~ U[low, high] for document `index`: a function of (seed, index) alone, so the draw does
-    not depend on batching, window order, the process or where a resumed run restarts."""
-    return float(np.random.default_rng([seed, index]).uniform(low, high))
 
 
 ProgressFn = Callable[[int, int], None]  # (documents done, documents in total)
@@ -66,9 +59,14 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
         raise UserError(f"{options.data} has no column '{options.id_column}'; columns found: "
                         f"{', '.join(source.columns)}")
     # One pass over the data counts it and checks every line and text before the teacher loads.
-    total = sum(1 for _ in examples(source, text_column, summary_column, options.id_column, options.limit))
+    total, plot_found = 0, False
+    for example in examples(source, text_column, summary_column, options.id_column, options.limit):
+        total += 1
+        plot_found = plot_found or example.id == options.attention_plot
     if total == 0:
         raise UserError(f"data {options.data} has no rows")
+    if options.attention_plot is not None and not plot_found:
+        raise UserError(f"--attention-plot: no document with id '{options.attention_plot}' in {options.data}")
 
     device = launch.device
     model, tokenizer, family = load_seq2seq(options.teacher, "teacher", options.trust_remote_code, device,
@@ -80,8 +78,7 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
         no_repeat_ngram_size=options.no_repeat_ngram_size, do_sample=options.do_sample, top_p=options.top_p,
         top_k=options.top_k, output_temperature=options.output_temperature)
     max_source_length = source_length(options.max_source_length, tokenizer, model.config)
-    per_row = options.lambda_range is not None
-    lambdas = lambdas_by_kind(options.lam, options.lambda_enc, options.lambda_dec, options.lambda_cross, per_row)
+    lambdas = lambdas_of(options)
     mixed_kinds = len(set(lambdas.values())) > 1
     recorded = options.recorded()
     resolved = {"generation": settings.as_dict(), "max_source_length": max_source_length,
@@ -90,19 +87,18 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     parents = [parent_ref("teacher", options.teacher), parent_ref("data", options.data)]
     staging = open_run(launch, writer, recorded, parents)
 
+    recorder = AttentionRecorder(options.attention_stats, options.attention_plot, staging, tokenizer)
+
     def label(batch: Any, done: set[int]) -> list[dict[str, Any]]:
-        row_lambdas = [row_lambda(options.seed, e.index, *options.lambda_range) if per_row else
-                       (1.0 if options.lam is None else options.lam) for e in batch.rows]
+        row_lambdas = batch_lambdas(options, [e.index for e in batch.rows])
         if rows_scale is not None:
             rows_scale.set(row_lambdas)
         padded = tokenizer.pad({"input_ids": batch.token_ids}, return_tensors="pt")
+        input_ids, mask = padded["input_ids"].to(device), padded["attention_mask"].to(device)
         seeds = [sample_seed(options.seed, e.index) for e in batch.rows] if options.do_sample else None
-        summaries = generate(model, tokenizer, padded["input_ids"].to(device), padded["attention_mask"].to(device),
-                             settings, seeds)
-        rows = []
-        for example, summary, lam in zip(batch.rows, summaries, row_lambdas):
-            if example.index in done:
-                continue
+        ids = generate_ids(model, input_ids, mask, settings, seeds)
+        rows: list[dict[str, Any]] = []
+        for example, summary, lam in zip(batch.rows, decode(tokenizer, ids), row_lambdas):
             row: dict[str, Any] = {"_index": example.index, "id": example.id, "document": example.document,
                                    "summary": summary}
             if example.reference is not None:
@@ -111,7 +107,9 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
             if mixed_kinds:
                 row["lambda_by_kind"] = {k: (lam if v is None else v) for k, v in lambdas.items()}
             rows.append(row)
-        return rows
+        # The attention the summaries were written with: this runs inside the temperature block.
+        recorder.record(model, rows, [e.id for e in batch.rows], row_lambdas, input_ids, mask, ids)
+        return [r for r in rows if r["_index"] not in done]
 
     stream = examples(source, text_column, summary_column, options.id_column, options.limit)
     truncated: list[str] = []
@@ -124,9 +122,11 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     if not launch.main:
         return output
 
-    words, empty = 0, 0
+    words, empty, attention_rows = 0, 0, []
     with open(staging / "data.jsonl", "w", encoding="utf-8") as out:
         for row in shards.merged_rows(staging, launch.world, total):
+            if "_attention" in row:
+                attention_rows.append({"_attention": row.pop("_attention")})
             words += len(row["summary"].split())
             empty += not row["summary"]
             out.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -144,5 +144,10 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
         "empty_summaries": empty,
         "truncated_to_max_tokens": len(truncated),
     }
+    attention = recorder.summary(attention_rows)
+    if attention is not None:
+        metrics["attention"] = attention
+    if recorder.plot_name is not None:
+        resolved["attention_plot"] = recorder.plot_name
     return writer.commit(step="pseudolabel", kind="dataset", options=recorded, parents=parents, metrics=metrics,
                          resolved=resolved)

@@ -7,7 +7,7 @@ from typing import ClassVar
 from modelshrink.errors import UserError
 from modelshrink.metrics.stats import SIGNIFICANCE_METHODS
 from modelshrink.options import REQUIRED, opt, options_class
-from modelshrink.options.generation import GEN, GenerationOptions
+from modelshrink.options.generation import GEN, TemperatureOptions
 from modelshrink.options.train import SPLITS
 
 SCORE = "Scoring"
@@ -15,7 +15,7 @@ COLS = "Columns"
 
 
 @options_class
-class EvalOptions(GenerationOptions):
+class EvalOptions(TemperatureOptions):
     """Every option of `modelshrink eval MODEL DATA` or `modelshrink eval PREDICTIONS`."""
 
     STEP: ClassVar[str] = "eval"
@@ -29,13 +29,9 @@ class EvalOptions(GenerationOptions):
                             panel=SCORE, choices=SIGNIFICANCE_METHODS)
     limited_length_recall: bool = opt(False, "Also ROUGE recall with predictions cut to the reference's length (NYT "
                                              "protocol, PLATE Table 2).", panel=SCORE)
-    attention_stats: bool = opt(False, "Evident cross-attention weights (> 0.15) by document position, 5 bins "
-                                       "(PLATE Fig. 2).", panel=SCORE)
-    attention_plot: str | None = opt(None, "Write a PNG heatmap of the cross attention for this document (PLATE "
-                                           "Fig. 1).", panel=SCORE, metavar="DOC_ID")
     resamples: int = opt(1000, "Bootstrap resamples for the 95% intervals.", panel=SCORE, min=100)
     significance_resamples: int = opt(10000, "Resamples of the significance test.", panel=SCORE, min=100)
-    seed: int = opt(0, "Seed of the bootstrap and the significance test.", panel=SCORE)
+    seed: int = opt(0, "Seed of the bootstrap, the significance test and --lambda-range draws.", panel=SCORE)
     reference_size: str | None = opt(None, "Model folder whose bytes on disk the compression ratio is taken "
                                            "against.", panel=SCORE, metavar="TEACHER")
     latency_docs: int = opt(16, "Documents timed one at a time (batch 1) after 2 warm-up; 0 skips.", panel=SCORE,
@@ -65,6 +61,10 @@ class EvalOptions(GenerationOptions):
             for name in ("attention_stats", "attention_plot", "reference_size"):
                 if getattr(self, name):
                     raise UserError(f"--{name.replace('_', '-')} needs a model (MODEL DATA), not a predictions file")
+            if given := self.temperature_options():
+                raise UserError(f"{given[0]} sets the attention temperature a model generates at; it needs a model "
+                                "(MODEL DATA), not a predictions file")
+        self.check_temperature()
         if self.model is not None and self.references is not None:
             raise UserError("--references is for scoring a predictions file; with a model the references come "
                             "from DATA (--summary-column)")

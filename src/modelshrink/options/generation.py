@@ -1,7 +1,9 @@
-"""Generation options shared by the steps that generate summaries (pseudolabel, eval)."""
+"""Generation options shared by the steps that generate summaries (pseudolabel, eval), with PLATE's
+attention temperature and the attention statistics taken under it."""
 
 from __future__ import annotations
 
+from modelshrink.errors import UserError
 from modelshrink.options import Options, opt, options_class
 from modelshrink.precision import PRECISIONS
 
@@ -26,3 +28,44 @@ class GenerationOptions(Options):
                                        "truncated to N tokens, with a warning naming it.", panel=GEN, min=1)
     dtype: str = opt("fp32", "Run the model in fp32, bf16 or fp16 (fp16 needs a GPU; bf16 runs on a CPU, slowly).",
                      panel=GEN, choices=PRECISIONS)
+
+
+PLATE = "Attention temperature (PLATE)"
+
+
+@options_class
+class TemperatureOptions(GenerationOptions):
+    """PLATE's attention temperature while generating, and where the cross attention then looks.
+    Shared by `pseudolabel` (the teacher labelling) and `eval` (any seq2seq model), so the statistics
+    of a teacher at λ = 2 come out of the same options whichever step produced them."""
+
+    lam: float | None = opt(None, "λ for every attention module: τ = sqrt(λ·d), logits / sqrt(λ). The paper uses "
+                                  "1.5 or 2.0. [default: 1.0]", panel=PLATE, flags=("--lambda",), above=0)
+    lambda_enc: float | None = opt(None, "λ for encoder self-attention only (Table 4).", panel=PLATE, above=0)
+    lambda_dec: float | None = opt(None, "λ for decoder self-attention only.", panel=PLATE, above=0)
+    lambda_cross: float | None = opt(None, "λ for decoder cross-attention only.", panel=PLATE, above=0)
+    lambda_range: tuple[float, float] | None = opt(None, "Draw λ ~ U[A, B] per document (seeded by --seed, recorded "
+                                                         "per row); the paper uses 1 2.", panel=PLATE, metavar="A B",
+                                                   above=0)
+    attention_stats: bool = opt(False, "Evident cross-attention weights (> 0.15) by document position, 5 bins "
+                                       "(PLATE Fig. 2), measured at the λ the summaries are generated with.",
+                                panel=PLATE)
+    attention_plot: str | None = opt(None, "Write a PNG heatmap of this document's cross attention at that λ (PLATE "
+                                           "Fig. 1).", panel=PLATE, metavar="DOC_ID")
+
+    def temperature_options(self) -> list[str]:
+        """The λ options given, as flags (empty: the model's own temperature)."""
+        names = ("lam", "lambda_enc", "lambda_dec", "lambda_cross", "lambda_range")
+        return [f"--{n.replace('_', '-')}" if n != "lam" else "--lambda" for n in names if getattr(self, n) is not None]
+
+    def check_temperature(self) -> None:
+        if self.lambda_range is not None:
+            a, b = self.lambda_range
+            if a > b:
+                raise UserError(f"--lambda-range A B needs A <= B, got {a} > {b}")
+            if self.lam is not None:
+                raise UserError("--lambda and --lambda-range exclude each other; give one")
+            if None not in (self.lambda_enc, self.lambda_dec, self.lambda_cross):
+                raise UserError("--lambda-range draws λ for the attention kinds without their own λ, but "
+                                "--lambda-enc, --lambda-dec and --lambda-cross fix all three; drop one of them "
+                                "or --lambda-range")

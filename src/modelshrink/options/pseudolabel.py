@@ -6,15 +6,14 @@ from typing import ClassVar
 
 from modelshrink.errors import UserError
 from modelshrink.options import REQUIRED, opt, options_class
-from modelshrink.options.generation import GEN, GenerationOptions
+from modelshrink.options.generation import GEN, TemperatureOptions
 from modelshrink.options.train import DATA, SPLITS
 
-PLATE = "Attention temperature (PLATE)"
 BASE = "Baselines (PLATE Table 5, Appendix C)"
 
 
 @options_class
-class PseudolabelOptions(GenerationOptions):
+class PseudolabelOptions(TemperatureOptions):
     """Every option of `modelshrink pseudolabel`."""
 
     STEP: ClassVar[str] = "pseudolabel"
@@ -23,14 +22,7 @@ class PseudolabelOptions(GenerationOptions):
                                  "present in the local cache.", argument=True)
     data: str = opt(REQUIRED, "Documents: .jsonl[.gz], .csv, .parquet, a datasets folder, a modelshrink dataset "
                               "artifact, or a cached hub dataset.", argument=True)
-    lam: float | None = opt(None, "λ for every attention module: τ = sqrt(λ·d), logits / sqrt(λ). The paper uses "
-                                  "1.5 or 2.0. [default: 1.0]", panel=PLATE, flags=("--lambda",), above=0)
-    lambda_enc: float | None = opt(None, "λ for encoder self-attention only (Table 4).", panel=PLATE, above=0)
-    lambda_dec: float | None = opt(None, "λ for decoder self-attention only.", panel=PLATE, above=0)
-    lambda_cross: float | None = opt(None, "λ for decoder cross-attention only.", panel=PLATE, above=0)
-    lambda_range: tuple[float, float] | None = opt(None, "Draw λ ~ U[A, B] per document (seeded, recorded per row); "
-                                                         "the paper uses 1 2.", panel=PLATE, metavar="A B", above=0)
-    seed: int = opt(0, "Seed for --lambda-range draws and sampling.", panel=GEN)
+    seed: int = opt(0, "Seed of the --lambda-range draws and of sampling.", panel=GEN)
     output_temperature: float | None = opt(None, "Temperature T of the final softmax instead of the attention "
                                                  "(Appendix C; the paper tries 0.5-2.0).", panel=BASE, above=0)
     do_sample: bool = opt(False, "Sample instead of beam search (one beam, full distribution unless --top-p/--top-k).",
@@ -49,16 +41,7 @@ class PseudolabelOptions(GenerationOptions):
                                     "refused by default, since pickles can run code.")
 
     def check(self) -> None:
-        if self.lambda_range is not None:
-            a, b = self.lambda_range
-            if a > b:
-                raise UserError(f"--lambda-range A B needs A <= B, got {a} > {b}")
-            if self.lam is not None:
-                raise UserError("--lambda and --lambda-range exclude each other; give one")
-            if None not in (self.lambda_enc, self.lambda_dec, self.lambda_cross):
-                raise UserError("--lambda-range draws λ for the attention kinds without their own λ, but "
-                                "--lambda-enc, --lambda-dec and --lambda-cross fix all three; drop one of them "
-                                "or --lambda-range")
+        self.check_temperature()
         if (self.top_p is not None or self.top_k is not None) and not self.do_sample:
             raise UserError("--top-p / --top-k apply to sampling; add --do-sample")
         if self.do_sample and self.num_beams not in (None, 1):
