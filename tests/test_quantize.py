@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import struct
 
 import pytest
@@ -16,7 +17,7 @@ from modelshrink.errors import UserError
 from modelshrink.quant.model import WEIGHTS_NAME, load_quantized, save_quantized
 from modelshrink.quant.modules import parse_bits, quantize_model
 from modelshrink.quant.packing import packed_bytes
-from modelshrink.quantize import QuantizeOptions, quantize
+from modelshrink.quantize import QuantizeOptions, nominal_bytes, quantize
 
 runner = CliRunner()
 
@@ -112,6 +113,13 @@ def test_bytes_on_disk_match_the_theoretical_count(bits, tmp_path):
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     ratio = 4 * params / file_bytes
     assert ratio > (3.5 if bits == "8-8-8" else 10)
+    # The paper counts a ternary weight as 2 bits: the nominal size adds 0.4 bit per ternary weight.
+    ternary = sum(math.prod(t["shape"]) for t in info.values() if t["bits"] == 2)
+    assert (ternary > 0) == (bits == "2-2-8")
+    extra = sum(-(-math.prod(t["shape"]) * 2 // 8) - packed_bytes(math.prod(t["shape"]), 2)
+                for t in info.values() if t["bits"] == 2)
+    assert nominal_bytes(tmp_path, file_bytes) == file_bytes + extra
+    assert extra == pytest.approx(0.4 * ternary / 8, rel=1e-3, abs=len(info))
 
 
 def _trained_tiny(tmp_path, pairs):
@@ -168,6 +176,7 @@ def test_shrink_and_quantize_at_once(saved_models, tmp_path):
                                    max_steps=2, batch_size=4, decoder_layers=1), tmp_path / "q")
     m = read_manifest(out)
     assert m["resolved"]["layer_map"]["decoder"] == [1] and m["metrics"]["compression_ratio"] > 1
+    assert m["metrics"]["bytes_at_nominal_bits"] == m["metrics"]["bytes_on_disk"]  # 8-bit codes take 8 bits
     assert "plain `transformers.from_pretrained` finds no weights file" in (out / "README.md").read_text()
     result = runner.invoke(app, ["eval", str(out), str(pairs), "-o", str(tmp_path / "e"), "--latency-docs", "1"])
     assert result.exit_code == 0, result.stderr

@@ -1,4 +1,5 @@
-"""PNG figures (matplotlib, optional extra `plot`): cross-attention heatmaps, quality vs footprint."""
+"""PNG figures (matplotlib, optional extra `plot`): cross-attention heatmaps and position bars, quality vs
+footprint, accuracy bars."""
 
 from __future__ import annotations
 
@@ -60,12 +61,14 @@ def quality_vs_footprint(points: Sequence[tuple[str, float, float]], path: Path,
     return path
 
 
-def accuracy_bars(rows: Sequence[tuple[str, float]], path: Path, title: str, reference: float | None = None) -> Path:
-    """Validation accuracy of several runs as bars (ACKD's Fig. 3), with the teacher as a line."""
+def accuracy_bars(rows: Sequence[tuple[str, float]], path: Path, title: str, reference: float | None = None,
+                  errors: Sequence[float] | None = None) -> Path:
+    """Validation accuracy of several runs as bars (ACKD's Fig. 3), with the teacher as a line and,
+    given `errors`, one standard deviation over seeds as error bars."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(1.1 * len(rows) + 2, 3.6))
     names, values = [r[0] for r in rows], [r[1] for r in rows]
-    bars = ax.bar(range(len(rows)), values, color="#4c72b0")
+    bars = ax.bar(range(len(rows)), values, color="#4c72b0", yerr=errors, capsize=4 if errors else 0)
     for bar, value in zip(bars, values):
         ax.text(bar.get_x() + bar.get_width() / 2, value + 0.1, f"{value:.2f}", ha="center", va="bottom", fontsize=8)
     if reference is not None:
@@ -77,6 +80,27 @@ def accuracy_bars(rows: Sequence[tuple[str, float]], path: Path, title: str, ref
     ax.set_xticks(range(len(rows)), names, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("validation accuracy (%)")
     ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def position_bars(groups: Sequence[tuple[str, Sequence[float]]], bins: Sequence[str], path: Path, title: str) -> Path:
+    """Share of evident cross-attention weights per document-position bin, one bar group per
+    setting (PLATE's Fig. 2)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.0, 3.8))
+    width = 0.8 / max(1, len(groups))
+    x = np.arange(len(bins))
+    for i, (name, shares) in enumerate(groups):
+        ax.bar(x + (i - (len(groups) - 1) / 2) * width, shares, width, label=name)
+    ax.set_xticks(x, list(bins))
+    ax.set_xlabel("normalised position in the document")
+    ax.set_ylabel("share of evident weights (%)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# bash recipes/plate-debian.sh [DATA_DIR] [OUT_DIR]        (SCALE=small, the default, or SCALE=paper)
+#
+# PLATE (Zhang et al.) on the Debian descriptions, as REPRODUCTION.md reports it:
+#   teacher   recipes/teacher-debian.sh (skipped when OUT_DIR/teacher is complete)
+#   labels    the teacher labels the same DOCS training documents at λ = 1 (regular), 1.5, 2 and
+#             λ ~ U[1, 2] per document, recording its evident cross attention at that λ (Fig. 2) and
+#             one document's heatmap (Fig. 1); each set is then scored for style (Table 6: length,
+#             novel n-grams, copy and leading bias) against the gold synopses
+#   students  6-2 students (encoder copied, decoder layers 0 and 5) trained with identical budgets on
+#             gold, regular, λ = 1.5, λ = 2 and random-λ labels of those documents (Table 2)
+#   eval      each student on VALID_DOCS validation documents: ROUGE with 95% intervals, style, attention,
+#             and the paired permutation test against the Regular student (the paper's *)
+#   baselines (not in STAGES by default) Table 5: output temperature T = 0.5, sampling, nucleus 0.9
+#   table     the tables as markdown on stdout, and OUT_DIR/plate-fig2.png
+#
+#   SCALE=small  DOCS=4000 documents, students 400 steps of a 3,072-token budget (about 37 documents
+#                a step, so ~3.7 epochs of the 4,000), VALID_DOCS=1000; about two hours on 2 CPU
+#                cores after the teacher.
+#   SCALE=paper  every training document, students 6 epochs at lr 5e-5 (PLATE: 15,000 steps of ~80
+#                documents on XSum, about 6 epochs), the whole validation set. For GPUs: set
+#                LAUNCH="accelerate launch -m modelshrink" (README, "Scaling out").
+# Knobs: DOCS, STUDENT_STEPS, VALID_DOCS, STAGES, LAUNCH, TEACHER (another seq2seq teacher folder).
+# Interrupted? Run it again: every step passes --resume (finished artifacts are kept as they are).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+data=${1:-../shared/data/debian-descriptions}
+out=${2:-runs/repro}
+scale=${SCALE:-small}
+stages=${STAGES:-"teacher labels students eval table"}
+launch=${LAUNCH:-modelshrink}
+teacher=${TEACHER:-$out/teacher}
+case $scale in
+  small) docs=${DOCS:-4000} valid=${VALID_DOCS:-1000}
+         budget=(--max-steps "${STUDENT_STEPS:-400}" --lr 3e-4 --warmup-steps 40 --max-tokens 3072) ;;
+  paper) docs=${DOCS:-all} valid=${VALID_DOCS:-all}
+         budget=(--epochs 6 --lr 5e-5 --warmup-steps 500 --max-tokens 8192) ;;
+  *) echo "SCALE must be small or paper, not '$scale'" >&2; exit 2 ;;
+esac
+limit=(); [[ $docs == all ]] || limit=(--limit "$docs")
+vlimit=(); [[ $valid == all ]] || vlimit=(--limit "$valid")
+train=$data/train.jsonl.gz validation=$data/validation.jsonl.gz
+[[ -f $train ]] || { echo "no $train (the Debian descriptions; see ../shared/data/README.md)" >&2; exit 2; }
+plate=$out/plate
+mkdir -p "$plate"
+gen=(--num-beams 4 --max-length 32 --no-repeat-ngram-size 3 --max-source-length 128)
+# shellcheck disable=SC2086
+run() { $launch "$@" --resume --quiet; }
+
+if [[ $stages == *teacher* && $teacher == "$out/teacher" ]]; then
+  SCALE=$scale bash "$here/teacher-debian.sh" "$data" "$out/teacher"
+fi
+
+# name, then the pseudolabel options that make it
+labels() {
+  local name=$1; shift
+  run pseudolabel "$teacher" "$train" -o "$plate/labels-$name" "${limit[@]}" "${gen[@]}" --max-tokens 4096 \
+    --attention-stats --attention-plot msmtp-mta "$@" >/dev/null
+  modelshrink eval "$plate/labels-$name" -o "$plate/labels-$name-style" --resamples 100 --overwrite --quiet >/dev/null
+}
+if [[ $stages == *labels* ]]; then
+  labels regular --lambda 1.0
+  labels lambda1.5 --lambda 1.5
+  labels lambda2 --lambda 2.0
+  labels random --lambda-range 1 2 --seed 0
+fi
+if [[ $stages == *baselines* ]]; then
+  labels T0.5 --output-temperature 0.5
+  labels sampling --do-sample --num-beams 1 --seed 0
+  labels nucleus --do-sample --top-p 0.9 --num-beams 1 --seed 0
+fi
+
+students=(gold regular lambda1.5 lambda2 random)
+[[ $stages == *baselines* ]] && students+=(T0.5 sampling nucleus)
+if [[ $stages == *students* ]]; then
+  for name in "${students[@]}"; do
+    if [[ $name == gold ]]; then source=("$train" "${limit[@]}"); else source=("$plate/labels-$name"); fi
+    run distill "${source[@]}" -o "$plate/student-$name" --teacher "$teacher" --decoder-layers 2 "${budget[@]}" \
+      --max-source-length 128 --max-target-length 32 --seed 0 >/dev/null
+  done
+fi
+
+if [[ $stages == *eval* ]]; then
+  for name in regular "${students[@]}"; do   # Regular first: the others are tested against it
+    against=(); [[ $name == regular ]] || against=(--against "$plate/eval-regular")
+    run eval "$plate/student-$name" "$validation" -o "$plate/eval-$name" "${vlimit[@]}" "${gen[@]}" \
+      --attention-stats --latency-docs 0 "${against[@]}" >/dev/null
+  done
+fi
+
+if [[ $stages == *table* ]]; then
+  python "$here/tables.py" plate "$out"
+fi

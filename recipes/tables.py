@@ -1,0 +1,238 @@
+"""python recipes/tables.py {teacher,plate,dqbart,ackd} RUNS [--figures DIR]
+
+The tables and figures of REPRODUCTION.md, read from the artifacts the recipes wrote under RUNS
+(default runs/repro): markdown on stdout, PNGs into --figures (default RUNS). Nothing here trains or
+generates; every number comes from an artifact's metrics.json or modelshrink.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def _json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _rouge(m: dict, key: str) -> str:
+    low, high = m["ci95"][key]
+    return f"{m[key]:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def _p(m: dict, key: str) -> str:
+    if "against" not in m:
+        return "–"
+    p = m["against"]["p"][key]
+    return f"{p:.3f}{'*' if p < 0.05 else ''}"
+
+
+def teacher(runs: Path, figures: Path) -> None:
+    folder = runs / "teacher"
+    m, lead = _json(runs / "teacher-eval" / "metrics.json"), _json(runs / "lead" / "eval-lead-sentence" / "metrics.json")
+    if m is None:
+        sys.exit(f"no {runs / 'teacher-eval'}: run recipes/teacher-debian.sh first")
+    print("| system | ROUGE-1 | ROUGE-2 | ROUGE-L | words | p vs first sentence (R-1, R-2, R-L) |")
+    print("|---|---|---|---|---|---|")
+    if lead:
+        print(f"| first sentence | {_rouge(lead, 'rouge1')} | {_rouge(lead, 'rouge2')} | {_rouge(lead, 'rougeL')} | "
+              f"{lead['length_words']:.1f} | |")
+    ps = ", ".join(_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
+    print(f"| teacher (bert2bert 6-6) | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | {_rouge(m, 'rougeL')} | "
+          f"{m['length_words']:.1f} | {ps} |")
+    print(f"\n{m['documents'] if 'documents' in m else ''} validation documents; "
+          f"p: paired permutation test, 10,000 resamples; * p < 0.05.\n")
+    print("Validation curve (first 200 validation documents, beam 4, during training):\n")
+    print("| step | epoch | train loss (last 10 steps) | ROUGE-1 | ROUGE-2 | ROUGE-L |")
+    print("|---|---|---|---|---|---|")
+    log = [json.loads(x) for x in (folder / "train_log.jsonl").read_text().splitlines()]
+    last = {}
+    for row in log:
+        if row.get("event") == "validation":
+            print(f"| {row['step']} | {last.get('epoch', 0):.2f} | {last.get('loss', float('nan')):.3f} | "
+                  f"{row['rouge1']:.2f} | {row['rouge2']:.2f} | {row['rougeL']:.2f} |")
+        elif "loss" in row:
+            last = row
+
+
+PLATE_LABELS = [("regular", "λ = 1 (regular)"), ("lambda1.5", "λ = 1.5"), ("lambda2", "λ = 2"),
+                ("random", "λ ~ U[1, 2]"), ("T0.5", "output T = 0.5"), ("sampling", "sampling"),
+                ("nucleus", "nucleus p = 0.9")]
+
+
+def _style_row(name: str, m: dict, attention: dict | None) -> str:
+    novel = " | ".join(f"{m['novel_ngrams'][k]:.1f}" for k in ("1", "2", "3", "4"))
+    bins = " / ".join(f"{x:.0f}" for x in attention["evident_share_by_bin"]) if attention else "–"
+    return (f"| {name} | {m['length_words']:.2f} | {novel} | {m['copy_bias']:.1f} | {m['leading_bias']:.1f} | "
+            f"{m['rouge1']:.2f} | {bins} |")
+
+
+def plate(runs: Path, figures: Path) -> None:
+    folder = runs / "plate"
+    print("Table 6 (pseudo labels of the same training documents): words, novel n-grams (%), copy bias "
+          "(% of 4-grams copied), leading bias (% of sentences from the first 40%), ROUGE-1 against the gold "
+          "synopsis, evident cross attention (> 0.15) by fifth of the document (%)\n")
+    print("| labels | words | novel 1-g | 2-g | 3-g | 4-g | copy | leading | R-1 vs gold | attention by fifth |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    gold, bars = None, []
+    for key, name in PLATE_LABELS:
+        m = _json(folder / f"labels-{key}-style" / "metrics.json")
+        if m is None:
+            continue
+        manifest = _json(folder / f"labels-{key}" / "modelshrink.json")
+        attention = manifest["metrics"].get("attention")
+        gold = gold or m["reference_style"]
+        print(_style_row(name, m, attention))
+        if attention:
+            bars.append((name, attention["evident_share_by_bin"], attention["bins"],
+                         attention["evident_share_of_all_weights"]))
+    if gold:
+        novel = " | ".join(f"{gold['novel_ngrams'][k]:.1f}" for k in ("1", "2", "3", "4"))
+        print(f"| gold synopses | {gold['length_words']:.2f} | {novel} | {gold['copy_bias']:.1f} | "
+              f"{gold['leading_bias']:.1f} | 100 | – |")
+    if bars:
+        print("\nEvident weights as a share of all cross-attention weights: " +
+              ", ".join(f"{name} {share:.1f}%" for name, _, _, share in bars))
+        try:
+            from modelshrink.figures import position_bars
+
+            path = position_bars([(n, s) for n, s, _, _ in bars], bars[0][2], figures / "plate-fig2.png",
+                                 "Evident cross attention of the teacher while labelling, by position")
+            print(f"\n![PLATE Fig. 2]({path})")
+        except Exception as e:  # the table is the result; the figure is a convenience
+            print(f"(no figure: {e})")
+
+    print("\nTable 2 (6-2 students, identical budgets; validation documents; 95% bootstrap intervals; p: paired "
+          "permutation test against the Regular student, * p < 0.05)\n")
+    print("| student trained on | ROUGE-1 | ROUGE-2 | ROUGE-L | p (R-1, R-2, R-L) | words | novel 1-g | leading |")
+    print("|---|---|---|---|---|---|---|---|")
+    for key, name in [("gold", "gold synopses")] + PLATE_LABELS:
+        m = _json(folder / f"eval-{key}" / "metrics.json")
+        if m is None:
+            continue
+        ps = ", ".join(_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
+        print(f"| {name} | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | {_rouge(m, 'rougeL')} | {ps} | "
+              f"{m['length_words']:.2f} | {m['novel_ngrams']['1']:.1f} | {m['leading_bias']:.1f} |")
+
+
+DQ_ROWS = [("float", "32-32-32 6-6 (the teacher)"), ("888-direct", "8-8-8 6-6, direct"),
+           ("228-direct", "2-2-8 6-6, direct"), ("888-6-6", "8-8-8 6-6, distillation-aware"),
+           ("228-6-6", "2-2-8 6-6, distillation-aware"), ("228-6-3", "2-2-8 6-3, distillation-aware")]
+
+
+def dqbart(runs: Path, figures: Path) -> None:
+    folder = runs / "dq-bart"
+    float_eval = _json(folder / "eval-float" / "metrics.json")
+    if float_eval is None:
+        sys.exit(f"no {folder / 'eval-float'}: run recipes/dq-bart-debian.sh first")
+    float_bytes = float_eval["efficiency"]["bytes_on_disk"]
+    print("| W-E-A E-D | MB on disk | compression | MB at 2 bits/weight (paper's count) | compression | "
+          "ROUGE-1 | ROUGE-2 | ROUGE-L | p vs float (R-1, R-2, R-L) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    points = []
+    for key, name in DQ_ROWS:
+        m = float_eval if key == "float" else _json(folder / f"eval-{key}" / "metrics.json")
+        if m is None:
+            continue
+        stored = m["efficiency"]["bytes_on_disk"]
+        nominal = stored if key == "float" else _json(folder / key / "modelshrink.json")["metrics"]["bytes_at_nominal_bits"]
+        ps = ", ".join(_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
+        print(f"| {name} | {stored / 1e6:.1f} | {float_bytes / stored:.1f}× | {nominal / 1e6:.1f} | "
+              f"{float_bytes / nominal:.1f}× | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | "
+              f"{_rouge(m, 'rougeL')} | {ps} |")
+        points.append((key, stored, m["rougeL"]))
+    try:
+        from modelshrink.figures import quality_vs_footprint
+
+        print(f"\n![DQ-BART Fig. 1]({quality_vs_footprint(points, figures / 'dq-bart-fig1.png', 'ROUGE-L')})")
+    except Exception as e:
+        print(f"(no figure: {e})")
+
+
+ACKD_ROWS = [("ce", "CE only"), ("kd", "KD (CE + KD)"), ("kd-pt", "KD + PT (PKD)"), ("ackd", "ACKD"),
+             ("ackd-no-sar", "ACKD w/o SAR"), ("ackd-no-storage", "ACKD w/o storage")]
+
+
+def ackd(runs: Path, figures: Path, data: Path, teacher: Path) -> None:
+    from modelshrink import classify
+    from modelshrink.metrics.stats import paired_test
+    from modelshrink.models import load_classifier
+
+    rows = classify.read_labeled(str(data / "validation.jsonl"))
+    gold = [r["label"] for r in rows]
+
+    def correct(folder: Path) -> list[float]:
+        model, tokenizer = load_classifier(str(folder))
+        predicted = classify.predict(model, tokenizer, rows, 64, "cpu", 128)
+        return [float(p == g) for p, g in zip(predicted, gold)]
+
+    seeds = sorted((p for p in runs.glob("seed-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]))
+    results: dict[str, dict[str, list[float]]] = {}
+    for key, _ in ACKD_ROWS:
+        for seed in seeds:
+            if (seed / f"student-{key}" / "modelshrink.json").is_file():
+                results.setdefault(key, {})[seed.name] = correct(seed / f"student-{key}")
+    teacher_acc = 100 * statistics.mean(correct(teacher)) if (teacher / "modelshrink.json").is_file() else None
+    if teacher_acc is not None:
+        print(f"Teacher (MiniLM-L6 fine-tuned): {teacher_acc:.2f}% on {len(gold)} validation sentences.\n")
+    print("| student | seeds | accuracy mean ± std | per seed | p vs CE | p vs KD | same predictions as KD |")
+    print("|---|---|---|---|---|---|---|")
+    bars, errors = [], []
+    for key, name in ACKD_ROWS:
+        if key not in results:
+            continue
+        per_seed = {s: 100 * statistics.mean(v) for s, v in results[key].items()}
+        values = list(per_seed.values())
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
+
+        def pooled(ref: str) -> str:
+            common = [s for s in results[key] if s in results.get(ref, {})]
+            if ref == key or not common:
+                return "–"
+            a = [x for s in common for x in results[key][s]]
+            b = [x for s in common for x in results[ref][s]]
+            return f"{paired_test(a, b):.3f}"
+
+        same = [s for s in results[key] if s in results.get("kd", {}) and results[key][s] == results["kd"][s]]
+        same_text = "–" if key == "kd" else f"{len(same)}/{len(results[key])} seeds"
+        print(f"| {name} | {len(values)} | {statistics.mean(values):.2f} ± {std:.2f} | "
+              f"{', '.join(f'{v:.2f}' for v in values)} | {pooled('ce')} | {pooled('kd')} | {same_text} |")
+        bars.append((name, statistics.mean(values)))
+        errors.append(std)
+    print("\np: paired permutation test (10,000 resamples) on per-sentence correctness, pooled over the seeds both "
+          "students have (pairs matched by seed and sentence). \"Same predictions\": seeds where the student "
+          "classifies every validation sentence exactly as the KD student of that seed.")
+    if bars:
+        try:
+            from modelshrink.figures import accuracy_bars
+
+            path = accuracy_bars(bars, figures / "ackd-fig3.png", "3-layer students on rt-polarity "
+                                 f"(mean ± std over {len(seeds)} seeds)", teacher_acc, errors)
+            print(f"\n![ACKD Fig. 3]({path})")
+        except Exception as e:
+            print(f"(no figure: {e})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("table", choices=["teacher", "plate", "dqbart", "ackd"])
+    parser.add_argument("runs", nargs="?", default=None, type=Path,
+                        help="the recipe's OUT_DIR (default runs/repro; runs/repro/ackd for ackd)")
+    parser.add_argument("--figures", type=Path, default=None, help="where PNGs go (default RUNS)")
+    parser.add_argument("--data", type=Path, default=Path("../shared/data/rt-polarity"), help="ackd: rt-polarity")
+    parser.add_argument("--teacher", type=Path, default=None, help="ackd: the teacher (default RUNS/teacher)")
+    args = parser.parse_args()
+    runs = args.runs or Path("runs/repro/ackd" if args.table == "ackd" else "runs/repro")
+    figures = args.figures or runs
+    figures.mkdir(parents=True, exist_ok=True)
+    if args.table == "ackd":
+        ackd(runs, figures, args.data, args.teacher or runs / "teacher")
+    else:
+        {"teacher": teacher, "plate": plate, "dqbart": dqbart}[args.table](runs, figures)
+
+
+if __name__ == "__main__":
+    main()
