@@ -28,7 +28,6 @@ stages=${STAGES:-"teacher quant eval table"}
 launch=${LAUNCH:-modelshrink}
 teacher=${TEACHER:-$out/teacher}
 train=$data/train.jsonl.gz validation=$data/validation.jsonl.gz
-[[ -f $train ]] || { echo "no $train (the Debian descriptions; see ../shared/data/README.md)" >&2; exit 2; }
 case $scale in
   small) valid=${VALID_DOCS:-1000}
          same=(--max-steps "${STEPS:-300}" --lr 1e-4 --warmup-ratio 0.05 --max-tokens 3072)
@@ -39,6 +38,7 @@ case $scale in
          same=(--epochs 10 "${every[@]}") fewer=(--epochs 20 "${every[@]}") ;;
   *) echo "SCALE must be small or paper, not '$scale'" >&2; exit 2 ;;
 esac
+[[ -f $train ]] || { echo "no $train (the Debian descriptions; see ../shared/data/README.md)" >&2; exit 2; }
 limit=(); [[ -n ${DOCS:-} ]] && limit=(--limit "$DOCS")
 vlimit=(); [[ $valid == all ]] || vlimit=(--limit "$valid")
 dq=$out/dq-bart

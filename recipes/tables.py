@@ -27,7 +27,7 @@ def _p(m: dict, key: str) -> str:
     if "against" not in m:
         return "–"
     p = m["against"]["p"][key]
-    return f"{p:.3f}{'*' if p < 0.05 else ''}"
+    return ("< 0.001" if p < 0.001 else f"{p:.3f}") + ("*" if p < 0.05 else "")
 
 
 def teacher(runs: Path, figures: Path) -> None:

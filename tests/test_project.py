@@ -36,6 +36,21 @@ def test_every_shipped_recipe_is_valid_for_its_command(recipe):
     assert default_map and set(default_map) == set(tomllib.loads(text))
 
 
+@pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.sh")), ids=lambda p: p.name)
+def test_every_shell_recipe_parses_names_its_command_and_refuses_an_unknown_scale(recipe, tmp_path):
+    import subprocess
+
+    lines = recipe.read_text().splitlines()
+    assert lines[0] == "#!/usr/bin/env bash"
+    assert lines[1].startswith("# bash recipes/" + recipe.name), "a recipe opens with its command"
+    assert subprocess.run(["bash", "-n", str(recipe)]).returncode == 0
+    if "SCALE" in recipe.read_text():
+        done = subprocess.run(["bash", str(recipe), str(tmp_path), str(tmp_path / "out")], cwd=ROOT,
+                              env={"PATH": __import__("os").environ["PATH"], "SCALE": "huge"},
+                              capture_output=True, text=True)
+        assert done.returncode == 2 and "SCALE must be small or paper, not 'huge'" in done.stderr, done.stderr
+
+
 def test_quickstart_sample_is_packaged():
     from modelshrink.quickstart import sample_path
 
