@@ -46,7 +46,7 @@ def teacher(runs: Path, figures: Path) -> None:
     print(f"\n{m['documents'] if 'documents' in m else ''} validation documents; "
           f"p: paired permutation test, 10,000 resamples; * p < 0.05.\n")
     print("Validation curve (first 200 validation documents, beam 4, during training):\n")
-    print("| step | epoch | train loss (last 10 steps) | ROUGE-1 | ROUGE-2 | ROUGE-L |")
+    print("| step | epoch | train loss (one batch) | ROUGE-1 | ROUGE-2 | ROUGE-L |")
     print("|---|---|---|---|---|---|")
     log = [json.loads(x) for x in (folder / "train_log.jsonl").read_text().splitlines()]
     last = {}
