@@ -111,7 +111,15 @@ def _close_process_group(succeeded: bool) -> None:
     interpreter's exit instead could abort a process that had finished its work (seen as
     "terminate called without an active exception", SIGABRT, in a loaded CI run). After a success the
     processes first wait for each other, so that none tears down its connections while another still
-    works alone (eval's latency measurement runs on the main process only: rank 1 aborted there once)."""
+    works alone (eval's latency measurement runs on the main process only: rank 1 aborted there once).
+
+    destroy_process_group only drops the registry's reference: a DDP reducer left in a reference
+    cycle still holds the group, and gloo's worker threads then die in the interpreter's
+    finalization, which aborted rank 1 of a finished two-process `distill` once more. So the cycles
+    are collected first, and a process that succeeded leaves without finalization (its artifact is
+    written and its streams are flushed; nothing is left for exit handlers to do)."""
+    import gc
+    import os
     import sys
 
     if "torch.distributed" not in sys.modules:  # never import torch just to leave
@@ -119,12 +127,17 @@ def _close_process_group(succeeded: bool) -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         if succeeded:
             try:
                 dist.barrier()
             except Exception:  # a peer that failed: leave anyway, its own error is what the user needs
                 pass
         dist.destroy_process_group()
+        if succeeded:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
 
 if __name__ == "__main__":
