@@ -18,6 +18,11 @@
 # Knobs: SEEDS, LAYERS, TEACHER_EPOCHS, STUDENT_EPOCHS, STAGES ("teacher students table"), STUDENTS
 # (default all: "ce kd kd-pt ackd ackd-no-sar ackd-no-storage"), and the loss weights ALPHA (0.5),
 # BETA (20), GAMMA (5e-3), TEMPERATURE (5), plus EXTRA (more contrastive options for every student).
+# Follow-up students, run only when named in STUDENTS (REPRODUCTION.md, "why PT and A-CDL move nothing"):
+#   kd-pt-mean, ackd-mean (--feature-pooling mean: PT and A-CDL on the token mean, not [CLS])
+#   ackd-mean-tau01 (the same with --contrast-temperature 0.1)
+#   kd-first, ackd-first (--layer-selection first: teacher layers 0, 1, 2 instead of 0, 3, 5)
+# python recipes/ackd_terms.py OUT_DIR/teacher measures each term's pull on the student beforehand.
 # A second setting can reuse a teacher:
 #   mkdir -p runs/b60 && ln -s ../repro/ackd/teacher runs/b60/teacher
 #   BETA=60 GAMMA=5e-2 STAGES="students table" bash recipes/ackd-rt-polarity.sh ../shared/data/rt-polarity runs/b60
@@ -66,6 +71,11 @@ if [[ $stages == *students* ]]; then
       student "$seed" "$n" ackd
       student "$seed" "$n" ackd-no-sar --no-sar
       student "$seed" "$n" ackd-no-storage --no-storage
+      student "$seed" "$n" kd-pt-mean --no-acdl --feature-pooling mean
+      student "$seed" "$n" ackd-mean --feature-pooling mean
+      student "$seed" "$n" ackd-mean-tau01 --feature-pooling mean --contrast-temperature 0.1
+      student "$seed" "$n" kd-first --no-pt --no-acdl --layer-selection first
+      student "$seed" "$n" ackd-first --layer-selection first
     done
   done
 fi

@@ -9,19 +9,20 @@ import torch
 import torch.nn.functional as F
 
 from modelshrink.ackd import (ACKDObjective, DiscriminationPredictor, FeatureStorage, contrastive_loss,
-                              feature_layer_pairs, kd_loss, patient_loss)
+                              feature_layer_pairs, kd_loss, layer_features, patient_loss)
 from modelshrink.errors import UserError
 
 
-def _direct_acdl(zs, zt, labels, bank=None, bank_labels=None, w=None):
-    """Eq. 3 written out sample by sample."""
+def _direct_acdl(zs, zt, labels, bank=None, bank_labels=None, w=None, negatives="sum", tau=1.0):
+    """Eq. 3 written out sample by sample (NEG summed, or averaged over the negatives; cosines / τ)."""
     keys = list(zt) + (list(bank) if bank is not None else [])
     key_labels = list(labels.tolist()) + (bank_labels.tolist() if bank_labels is not None else [])
     total = 0.0
     for i in range(len(zs)):
         cos = lambda a, b: float(torch.dot(a, b) / (a.norm() * b.norm()))  # noqa: E731
-        pos = math.exp(cos(zs[i], zt[i]))
-        neg = sum(math.exp(cos(zs[i], k)) for k, y in zip(keys, key_labels) if y != labels[i])
+        pos = math.exp(cos(zs[i], zt[i]) / tau)
+        terms = [math.exp(cos(zs[i], k) / tau) for k, y in zip(keys, key_labels) if y != labels[i]]
+        neg = sum(terms) / (len(terms) if negatives == "mean" and terms else 1)
         if w is not None:
             neg /= float(w[i])
         total += -math.log(pos / (pos + neg))
@@ -43,6 +44,32 @@ def test_acdl_matches_the_direct_computation(tensors):
     got = contrastive_loss(zs, zt, labels, bank, bank_labels, w)
     assert float(got) == pytest.approx(_direct_acdl(zs, zt, labels, bank, bank_labels, w), rel=1e-5)
     assert float(contrastive_loss(zs, zt, labels)) == pytest.approx(_direct_acdl(zs, zt, labels), rel=1e-5)
+
+
+@pytest.mark.parametrize("negatives, tau", [("mean", 1.0), ("sum", 0.1), ("mean", 0.07)])
+def test_acdl_readings_match_the_direct_computation(tensors, negatives, tau):
+    zs, zt, labels, bank, bank_labels, w = tensors
+    got = contrastive_loss(zs, zt, labels, bank, bank_labels, w, negatives=negatives, tau=tau)
+    want = _direct_acdl(zs, zt, labels, bank, bank_labels, w, negatives=negatives, tau=tau)
+    assert float(got) == pytest.approx(want, rel=1e-5)
+    assert float(got) != pytest.approx(float(contrastive_loss(zs, zt, labels, bank, bank_labels, w)), rel=1e-3)
+    with pytest.raises(UserError, match="--negatives must be one of sum, mean"):
+        contrastive_loss(zs, zt, labels, negatives="max")
+
+
+def test_mean_pooled_features_ignore_padding():
+    g = torch.Generator().manual_seed(0)
+    hidden = [torch.randn(2, 4, 3, generator=g) for _ in range(3)]
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    cls = layer_features(hidden, [0, 2])
+    assert torch.equal(cls[1], hidden[2][:, 0])
+    mean = layer_features(hidden, [0, 2], "mean", mask)
+    assert torch.allclose(mean[1][0], hidden[2][0].mean(0)) and torch.allclose(mean[1][1], hidden[2][1, :2].mean(0))
+    padded = [h.clone() for h in hidden]
+    padded[2][1, 2:] = 100.0  # what sits under the padding changes nothing
+    assert torch.allclose(layer_features(padded, [2], "mean", mask)[0], mean[1])
+    with pytest.raises(UserError, match="--feature-pooling must be one of cls, mean"):
+        layer_features(hidden, [0], "max")
 
 
 def test_acdl_with_unit_weights_is_cdl(tensors):
@@ -196,3 +223,30 @@ def test_predictor_depth():
     assert w.shape == (4,) and bool(((w > 0) & (w < 1)).all())
     with pytest.raises(UserError):
         DiscriminationPredictor(8, depth=0)
+
+
+def test_the_readings_reach_the_loss_the_objective_trains_on():
+    from modelshrink.contrastive import make_loss
+
+    teacher, batch = _tiny(5, seed=0), _batch()
+    batch["attention_mask"][1, 4:] = 0  # a padded sentence: the mean must skip its padding
+
+    def parts(pooling="cls", **kw):
+        objective = _objective(_tiny(3, seed=1), sar=False, storage_size=None, pooling=pooling, **kw).eval()
+        return make_loss(teacher, objective.pairs, pooling)(objective, batch)[1], objective
+
+    cls, _ = parts()
+    mean, objective = parts("mean")
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        s = objective.student(**inputs, output_hidden_states=True).hidden_states
+        t = teacher(**inputs, output_hidden_states=True).hidden_states
+    zs = layer_features(s, [1, 2], "mean", batch["attention_mask"])
+    zt = layer_features(t, [2, 4], "mean", batch["attention_mask"])
+    assert float(mean["pt"]) == pytest.approx(float(patient_loss(zs, zt)), rel=1e-5)
+    acdl = sum(contrastive_loss(a, b, batch["labels"]) for a, b in zip(zs, zt))
+    assert float(mean["acdl"]) == pytest.approx(float(acdl), rel=1e-5)
+    assert float(mean["pt"]) != pytest.approx(float(cls["pt"]), rel=1e-3)
+    hot, _ = parts(negatives="mean", contrast_temperature=0.1)
+    assert float(hot["acdl"]) != pytest.approx(float(cls["acdl"]), rel=1e-3)
+    assert float(hot["pt"]) == pytest.approx(float(cls["pt"]), rel=1e-6)  # PT does not see τ or NEG's reduction

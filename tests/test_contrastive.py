@@ -160,6 +160,8 @@ def other_tokenizer_classifier(tmp_path_factory):
     ("tokenizer", "tokenizers differ"),
     ("seq2seq", "is a seq2seq model"),
     ("layers-without-teacher", "give --teacher"),
+    ("contrast-temperature", "--contrast-temperature must be > 0"),
+    ("feature-pooling", "--feature-pooling"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(case, message, teacher, sentiment, saved_models,
                                                   other_tokenizer_classifier, tmp_path):
@@ -177,6 +179,10 @@ def test_bad_input_is_one_line_and_writes_nothing(case, message, teacher, sentim
         args = ["--teacher", saved_models["bart"], "--layers", 1]
     elif case == "layers-without-teacher":
         args = ["--student", teacher, "--layers", 2]
+    elif case == "contrast-temperature":
+        args += ["--contrast-temperature", 0]
+    elif case == "feature-pooling":
+        args += ["--feature-pooling", "max"]
     out = tmp_path / "out"
     result = _invoke("contrastive", data, "-o", out, *args, "--max-steps", 2, "--device", "cpu")
     assert result.exit_code == 1

@@ -11,6 +11,11 @@ mapped layers; A-CDL is, per mapped layer and averaged over the batch,
 with j over the teacher features of samples of another class, from the batch and from the dynamic
 feature storage (section 3.5), and wᵢ = sigmoid(P(zᵢˢ)) the predicted discrimination ability of a
 small MLP P trained with the student (SAR, section 3.3). Without SAR wᵢ = 1 (plain CDL, Eq. 2).
+
+Three readings the paper leaves open are options whose defaults are the paper's text: the feature z
+is the [CLS] vector (`pooling="mean"`: the mean over the sentence's tokens), NEG sums over the
+negatives (`negatives="mean"`: their mean), and the cosines enter exp() as they are (a contrastive
+temperature τ divides them, MoCo-style; τ = 1 is the paper's).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from torch import nn
 from modelshrink.errors import UserError
 
 FEATURE_MAPS = ("skip", "last", "copied")
+POOLINGS = ("cls", "mean")
+NEGATIVE_REDUCTIONS = ("sum", "mean")
 
 
 # ---------------------------------------------------------------- which layers are compared
@@ -50,9 +57,19 @@ def feature_layer_pairs(n_teacher: int, n_student: int, strategy: str = "skip",
     return [(j, n_teacher - n_student + j) for j in range(1, n_student)]
 
 
-def cls_features(hidden_states: Sequence[torch.Tensor], layers: Sequence[int]) -> list[torch.Tensor]:
-    """The first token's vector ([CLS] / <s>) of each listed layer: [batch, hidden] each."""
-    return [hidden_states[i][:, 0] for i in layers]
+def layer_features(hidden_states: Sequence[torch.Tensor], layers: Sequence[int], pooling: str = "cls",
+                   attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """One vector per sentence for each listed layer, [batch, hidden] each: the first token's
+    ([CLS] / <s>), or with pooling="mean" the mean over the tokens the attention mask keeps."""
+    if pooling not in POOLINGS:
+        raise UserError(f"--feature-pooling must be one of {', '.join(POOLINGS)}, got {pooling}")
+    if pooling == "cls":
+        return [hidden_states[i][:, 0] for i in layers]
+    if attention_mask is None:
+        return [hidden_states[i].mean(1) for i in layers]
+    keep = attention_mask[..., None].to(hidden_states[0].dtype)
+    count = keep.sum(1).clamp(min=1)
+    return [(hidden_states[i] * keep).sum(1) / count for i in layers]
 
 
 # ---------------------------------------------------------------- the loss terms
@@ -75,12 +92,16 @@ def patient_loss(student: Sequence[torch.Tensor], teacher: Sequence[torch.Tensor
 
 def contrastive_loss(z_student: torch.Tensor, z_teacher: torch.Tensor, labels: torch.Tensor,
                      bank_features: torch.Tensor | None = None, bank_labels: torch.Tensor | None = None,
-                     weights: torch.Tensor | None = None) -> torch.Tensor:
+                     weights: torch.Tensor | None = None, *, negatives: str = "sum",
+                     tau: float = 1.0) -> torch.Tensor:
     """A-CDL of one layer (CDL when `weights` is None), averaged over the batch.
 
     `z_student`, `z_teacher`: [B, d]; `labels`: [B] class ids; `bank_*`: stored teacher features
     [S, d] and their labels [S]; `weights`: wᵢ in (0, 1], [B]. Negatives of sample i are the teacher
-    features, in the batch and the bank, whose label differs from i's; a sample with none scores 0."""
+    features, in the batch and the bank, whose label differs from i's; a sample with none scores 0.
+    `negatives="mean"` averages NEG over them instead of summing; `tau` divides every cosine."""
+    if negatives not in NEGATIVE_REDUCTIONS:
+        raise UserError(f"--negatives must be one of {', '.join(NEGATIVE_REDUCTIONS)}, got {negatives}")
     keys, key_labels = z_teacher, labels
     if bank_features is not None and bank_features.shape[0] > 0:
         keys = torch.cat([z_teacher.float(), bank_features.float()])
@@ -89,8 +110,10 @@ def contrastive_loss(z_student: torch.Tensor, z_teacher: torch.Tensor, labels: t
     sims = s @ F.normalize(keys.float(), dim=-1).T  # cosines [B, B + S]
     pos = sims.diagonal()  # keys start with the batch's own teacher features
     negative = labels[:, None] != key_labels[None, :]
-    # NEG / POS = Σⱼ exp(cos_ij − cos_ii); −log POS/(POS + NEG) = log(1 + NEG/POS)
-    ratio = (torch.exp(sims - pos[:, None]) * negative).sum(-1)
+    # NEG / POS = Σⱼ exp((cos_ij − cos_ii)/τ); −log POS/(POS + NEG) = log(1 + NEG/POS)
+    ratio = (torch.exp((sims - pos[:, None]) / tau) * negative).sum(-1)
+    if negatives == "mean":
+        ratio = ratio / negative.sum(-1).clamp(min=1)
     if weights is not None:
         ratio = ratio / weights.float()
     return torch.log1p(ratio).mean()
@@ -192,12 +215,14 @@ class ACKDObjective(nn.Module):
     def __init__(self, student: nn.Module, pairs: list[tuple[int, int]], *, alpha: float = 0.5,
                  beta: float = 0.0, gamma: float = 0.0, temperature: float = 1.0, kd: bool = True,
                  pt: bool = True, acdl: bool = True, sar: bool = True, storage_size: int | None = 1000,
-                 predictor_layers: int = 2, predictor_width: int | None = None):
+                 predictor_layers: int = 2, predictor_width: int | None = None, pooling: str = "cls",
+                 negatives: str = "sum", contrast_temperature: float = 1.0):
         super().__init__()
         self.student = student
         self.pairs = list(pairs)
         self.alpha, self.beta, self.gamma, self.temperature = alpha, beta, gamma, temperature
         self.kd, self.pt, self.acdl, self.sar = kd, pt and bool(pairs), acdl and bool(pairs), sar
+        self.pooling, self.negatives, self.contrast_temperature = pooling, negatives, contrast_temperature
         hidden = student.config.hidden_size
         self.predictors = nn.ModuleList(
             DiscriminationPredictor(hidden, predictor_layers, predictor_width) for _ in pairs
@@ -218,9 +243,9 @@ class ACKDObjective(nn.Module):
         out = self.student(**inputs, output_hidden_states=self.pt or self.acdl)
         # The student may run under autocast (--precision bf16/fp16); the loss terms are float32.
         with torch.autocast(input_ids.device.type, enabled=False):
-            return self._loss(out, labels, contrast_labels, teacher_logits, teacher_features)
+            return self._loss(out, attention_mask, labels, contrast_labels, teacher_logits, teacher_features)
 
-    def _loss(self, out: Any, labels: torch.Tensor, contrast_labels: torch.Tensor | None,
+    def _loss(self, out: Any, attention_mask: torch.Tensor, labels: torch.Tensor, contrast_labels: torch.Tensor | None,
               teacher_logits: torch.Tensor | None, teacher_features: list[torch.Tensor] | None
               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logits = out.logits.float()
@@ -235,7 +260,7 @@ class ACKDObjective(nn.Module):
             total = total + (1 - self.alpha) * kd
             parts["kd"] = kd.detach()
         if self.pt or self.acdl:
-            z_student = cls_features(out.hidden_states, [s for s, _ in self.pairs])
+            z_student = layer_features(out.hidden_states, [s for s, _ in self.pairs], self.pooling, attention_mask)
         if self.pt:
             pt = patient_loss(z_student, teacher_features)
             total = total + self.beta * pt
@@ -246,7 +271,8 @@ class ACKDObjective(nn.Module):
             terms, mean_w = [], []
             for m, (zs, zt) in enumerate(zip(z_student, teacher_features)):
                 w = self.predictors[m](zs) if self.predictors is not None else None
-                terms.append(contrastive_loss(zs, zt, contrast, None if bank is None else bank[m], bank_labels, w))
+                terms.append(contrastive_loss(zs, zt, contrast, None if bank is None else bank[m], bank_labels, w,
+                                              negatives=self.negatives, tau=self.contrast_temperature))
                 if w is not None:
                     mean_w.append(w.detach().mean())
             acd = sum(terms)

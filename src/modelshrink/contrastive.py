@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from modelshrink import __version__
-from modelshrink.ackd import ACKDObjective, cls_features, feature_layer_pairs
+from modelshrink.ackd import ACKDObjective, feature_layer_pairs, layer_features
 from modelshrink.errors import UserError
 from modelshrink.families import encoder_layer_count
 from modelshrink.options.contrastive import ContrastiveOptions
@@ -118,9 +118,10 @@ def _read(spec: str, split: str | None, limit: int | None, options: ContrastiveO
                                  label2id=config.label2id if task == "classification" else None, task=task)
 
 
-def make_loss(teacher: Any | None, pairs: list[tuple[int, int]]):
-    """The shared loop's loss function: the frozen teacher's logits and [CLS] features (no gradient
-    path), then the objective's forward (`ACKDObjective`), which returns (loss, parts)."""
+def make_loss(teacher: Any | None, pairs: list[tuple[int, int]], pooling: str = "cls"):
+    """The shared loop's loss function: the frozen teacher's logits and features (no gradient path;
+    [CLS] or the token mean, as the student's), then the objective's forward (`ACKDObjective`),
+    which returns (loss, parts)."""
     teacher_layers = [t for _, t in pairs]
 
     def loss_fn(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -131,7 +132,8 @@ def make_loss(teacher: Any | None, pairs: list[tuple[int, int]]):
                 t = teacher(**inputs, output_hidden_states=bool(pairs))
             extra["teacher_logits"] = t.logits
             if pairs:
-                extra["teacher_features"] = cls_features(t.hidden_states, teacher_layers)
+                extra["teacher_features"] = layer_features(t.hidden_states, teacher_layers, pooling,
+                                                           inputs["attention_mask"])
         return model(**inputs, labels=batch["labels"], contrast_labels=batch.get("contrast_labels"), **extra)
 
     return loss_fn
@@ -194,7 +196,8 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
                               gamma=options.gamma, temperature=options.temperature, kd=distilling and options.kd,
                               pt=distilling and options.pt, acdl=distilling and options.acdl, sar=options.sar,
                               storage_size=options.storage_size if options.storage else None,
-                              predictor_layers=options.predictor_layers)
+                              predictor_layers=options.predictor_layers, pooling=options.feature_pooling,
+                              negatives=options.negatives, contrast_temperature=options.contrast_temperature)
     if options.gradient_checkpointing:
         enable_gradient_checkpointing(student)
     if teacher is not None:
@@ -218,7 +221,8 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     def save(objective: Any, folder: Path) -> None:
         save_model(objective.student, tokenizer, folder)
 
-    result = train(objective, examples, classify.make_collate(tokenizer.pad_token_id), make_loss(teacher, pairs),
+    loss_fn = make_loss(teacher, pairs, options.feature_pooling)
+    result = train(objective, examples, classify.make_collate(tokenizer.pad_token_id), loss_fn,
                    options.train_options(), staging, accelerator=accelerator,
                    validate=(lambda model: check(model.student)) if check else None, save_best=save_best_with(save),
                    resume=resume, progress=progress, log=log)
@@ -263,8 +267,10 @@ def model_card(options: ContrastiveOptions, output: Path, built: dict[str, Any],
                  f" (teacher {metrics['teacher_parameters']:,}, {metrics['parameter_ratio']}× fewer)"
                  if "teacher_parameters" in metrics else ""), "",
              f"Loss: {' + '.join(weights[t] for t in options.terms())}"
-             + (f"; features at (student, teacher) layers {resolved['feature_pairs']}" if resolved.get("feature_pairs")
-                else "") + ".",
+             + (f"; {'[CLS]' if options.feature_pooling == 'cls' else 'token-mean'} features at (student, teacher) "
+                f"layers {resolved['feature_pairs']}" if resolved.get("feature_pairs") else "")
+             + (f"; A-CDL with NEG as a {options.negatives}, τ = {options.contrast_temperature:g}"
+                if "acdl" in options.terms() else "") + ".",
              f"Training: {metrics['steps']} steps ({metrics['epochs']} epochs) on `{options.data}`, AdamW lr "
              f"{options.lr}, batch "
              + (f"≤ {options.max_tokens} tokens" if options.max_tokens else str(options.batch_size))

@@ -33,6 +33,9 @@ class ContrastiveOptions(TrainOptions):
     feature_map: str = opt("skip", "Layers where PT and A-CDL compare [CLS] features: skip (PKD; 12→6 = teacher "
                                    "2,4,6,8,10), last (PKD), or copied.", panel=START,
                            choices=("skip", "last", "copied"))
+    feature_pooling: str = opt("cls", "The feature PT and A-CDL compare: cls (the first token's vector, the paper's "
+                                      "reading) or mean (the mean over the sentence's tokens).", panel=START,
+                               choices=("cls", "mean"))
     alpha: float = opt(0.5, "α, cross-entropy vs KD [0.1, 0.3, 0.5].", panel=LOSS, min=0, max=1)
     beta: float = opt(20.0, "β, patient loss [20, 40, 60].", panel=LOSS, min=0)
     gamma: float = opt(5e-3, "γ, A-CDL [5e-4, 5e-3, 5e-2].", panel=LOSS, min=0)
@@ -42,6 +45,10 @@ class ContrastiveOptions(TrainOptions):
     acdl: bool = opt(True, "The contrastive term.", panel=LOSS)
     sar: bool = opt(True, "Sample adaptive reweighting (--no-sar: w = 1, plain CDL).", panel=LOSS)
     storage: bool = opt(True, "Dynamic feature storage (--no-storage: negatives from the batch).", panel=LOSS)
+    negatives: str = opt("sum", "NEG of Eq. 2 over the negatives: sum (the paper's formula) or mean.", panel=LOSS,
+                         choices=("sum", "mean"))
+    contrast_temperature: float = opt(1.0, "τ dividing the cosines of A-CDL (1: the paper, which has none; MoCo "
+                                           "uses 0.07).", panel=LOSS, above=0)
     storage_size: int = opt(1000, "Samples kept in the storage (FIFO).", panel=LOSS, min=1)
     predictor_layers: int = opt(2, "Depth of the SAR predictor MLP [2, 3, 4].", panel=LOSS, min=1)
     label_bins: int | None = opt(None, "Regression labels: equal-width bins used as classes by the contrastive "
