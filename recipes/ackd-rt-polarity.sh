@@ -4,8 +4,9 @@
 # ACKD Table 2 and Fig. 3, small: on rt-polarity (sentence sentiment, like SST-2)
 # 1. fine-tunes the packaged MiniLM-L6 into the teacher (cross-entropy only);
 # 2. for every seed in SEEDS, trains students of LAYERS layers copied from it (3 layers: teacher
-#    layers 0, 3, 5), all with the same budget, by CE only, KD, KD + PT, full ACKD, ACKD without
-#    SAR and ACKD without the storage (OUT_DIR/seed-S/student-NAME). Students batch by a token budget
+#    layers 0, 3, 5), all with the same budget, by CE only, KD, KD + PT, full ACKD and the paper's
+#    Fig. 3 ablations: ACKD without SAR, without the storage, without KD (α·CE + β·PT + γ·A-CDL)
+#    and without PT (OUT_DIR/seed-S/student-NAME). Students batch by a token budget
 #    (864 = 32 sentences of rt-polarity's mean 27 tokens);
 # 3. prints the table (mean ± standard deviation over seeds, paired permutation tests on per-sentence
 #    correctness pooled over seeds) and draws OUT_DIR/ackd-fig3.png (recipes/tables.py ackd).
@@ -16,11 +17,11 @@
 #                layers, 4 epochs; seeds 0-4. Its per-task search (lr, batch, α, β, γ) is not run:
 #                set the knobs below to the point you want.
 # Knobs: SEEDS, LAYERS, TEACHER_EPOCHS, STUDENT_EPOCHS, STAGES ("teacher students table"), STUDENTS
-# (default all: "ce kd kd-pt ackd ackd-no-sar ackd-no-storage"), and the loss weights ALPHA (0.5),
+# (default all: "ce kd kd-pt ackd ackd-no-sar ackd-no-storage ackd-no-kd ackd-no-pt"), and the loss weights ALPHA (0.5),
 # BETA (20), GAMMA (5e-3), TEMPERATURE (5), plus EXTRA (more contrastive options for every student).
 # Follow-up students, run only when named in STUDENTS (REPRODUCTION.md, "why PT and A-CDL move nothing"):
 #   kd-pt-mean, ackd-mean (--feature-pooling mean: PT and A-CDL on the token mean, not [CLS])
-#   ackd-mean-tau01 (the same with --contrast-temperature 0.1)
+#   ackd-mean-tau01 (the same with --contrast-temperature 0.1 and γ 5e-2, the top of the paper's grid)
 #   kd-first, ackd-first (--layer-selection first: teacher layers 0, 1, 2 instead of 0, 3, 5)
 # python recipes/ackd_terms.py OUT_DIR/teacher measures each term's pull on the student beforehand.
 # A second setting can reuse a teacher:
@@ -34,13 +35,13 @@ out=${2:-runs/repro/ackd}
 scale=${SCALE:-small}
 case $scale in
   small) seeds=${SEEDS:-"0 1 2"} layers=${LAYERS:-3} teacher_epochs=${TEACHER_EPOCHS:-3}
-         student_epochs=${STUDENT_EPOCHS:-3} teacher_lr=5e-5 teacher_batch=32 ;;
+         student_epochs=${STUDENT_EPOCHS:-2} teacher_lr=5e-5 teacher_batch=32 ;;
   paper) seeds=${SEEDS:-"0 1 2 3 4"} layers=${LAYERS:-"3 6"} teacher_epochs=${TEACHER_EPOCHS:-3}
          student_epochs=${STUDENT_EPOCHS:-4} teacher_lr=2e-5 teacher_batch=8 ;;
   *) echo "SCALE must be small or paper, not '$scale'" >&2; exit 2 ;;
 esac
 stages=${STAGES:-"teacher students table"}
-students=${STUDENTS:-"ce kd kd-pt ackd ackd-no-sar ackd-no-storage"}
+students=${STUDENTS:-"ce kd kd-pt ackd ackd-no-sar ackd-no-storage ackd-no-kd ackd-no-pt"}
 alpha=${ALPHA:-0.5} beta=${BETA:-20} gamma=${GAMMA:-5e-3} temperature=${TEMPERATURE:-5}
 read -r -a extra <<< "${EXTRA:-}"
 [[ -f $data/train.jsonl ]] || { echo "no $data/train.jsonl (see ../shared/data/README.md)" >&2; exit 2; }
@@ -71,9 +72,11 @@ if [[ $stages == *students* ]]; then
       student "$seed" "$n" ackd
       student "$seed" "$n" ackd-no-sar --no-sar
       student "$seed" "$n" ackd-no-storage --no-storage
+      student "$seed" "$n" ackd-no-kd --no-kd
+      student "$seed" "$n" ackd-no-pt --no-pt
       student "$seed" "$n" kd-pt-mean --no-acdl --feature-pooling mean
       student "$seed" "$n" ackd-mean --feature-pooling mean
-      student "$seed" "$n" ackd-mean-tau01 --feature-pooling mean --contrast-temperature 0.1
+      student "$seed" "$n" ackd-mean-tau01 --feature-pooling mean --contrast-temperature 0.1 --gamma 5e-2
       student "$seed" "$n" kd-first --no-pt --no-acdl --layer-selection first
       student "$seed" "$n" ackd-first --layer-selection first
     done

@@ -154,9 +154,10 @@ def dqbart(runs: Path, figures: Path) -> None:
 
 ACKD_ROWS = [("ce", "CE only"), ("kd", "KD (CE + KD)"), ("kd-pt", "KD + PT (PKD)"), ("ackd", "ACKD"),
              ("ackd-no-sar", "ACKD w/o SAR"), ("ackd-no-storage", "ACKD w/o storage"),
+             ("ackd-no-kd", "ACKD w/o KD"), ("ackd-no-pt", "ACKD w/o PT"),
              # follow-ups (recipes/ackd-rt-polarity.sh, STUDENTS=...): what moves PT and A-CDL
              ("kd-pt-mean", "KD + PT, mean-pooled features"), ("ackd-mean", "ACKD, mean-pooled features"),
-             ("ackd-mean-tau01", "ACKD, mean-pooled, τ 0.1"), ("kd-first", "KD, first layers (0, 1, 2)"),
+             ("ackd-mean-tau01", "ACKD, mean-pooled, τ 0.1, γ 5e-2"), ("kd-first", "KD, first layers (0, 1, 2)"),
              ("ackd-first", "ACKD, first layers (0, 1, 2)")]
 
 
@@ -206,13 +207,29 @@ def ackd(runs: Path, figures: Path, data: Path, teacher: Path) -> None:
         same_text = "–" if key == "kd" or not flips else ", ".join(map(str, flips))
         print(f"| {name} | {len(values)} | {statistics.mean(values):.2f} ± {std:.2f} | "
               f"{', '.join(f'{v:.2f}' for v in values)} | {pooled('ce')} | {pooled('kd')} | {same_text} |")
-        if (key, name) in ACKD_ROWS[:6]:  # Fig. 3: the paper's ablation; the follow-ups stay in the table
+        if (key, name) in ACKD_ROWS[:8]:  # Fig. 3: the paper's ablation; the follow-ups stay in the table
             bars.append((name, statistics.mean(values)))
             errors.append(std)
     print("\np: paired permutation test (10,000 resamples) on per-sentence correctness, pooled over the seeds both "
           "students have (pairs matched by seed and sentence). Last column: validation sentences the student "
           "classifies unlike the KD student of the same seed, per seed (rt-polarity is binary, so a different "
           "correctness is a different class).")
+    drift = []
+    for key, name in ACKD_ROWS:
+        for seed in seeds:
+            log = seed / f"student-{key}" / "train_log.jsonl"
+            rows_w = [json.loads(x) for x in log.read_text().splitlines()] if log.is_file() else []
+            w = [(r["step"], r["sar_w"]) for r in rows_w if "sar_w" in r]
+            if w:
+                quarter = [v for s, v in w if s <= w[-1][0] // 4]
+                drift.append(f"| {name} | {seed.name} | {w[0][1]:.3f} | {statistics.mean(quarter):.3f} | "
+                             f"{w[-1][1]:.3f} |")
+    if drift:
+        print("\nSAR: the batch-mean weight w (logged every 10 steps) at the first log, over the first quarter of "
+              "training, and at the last step.\n")
+        print("| student | seed | w at step 10 | mean over the first quarter | w at the end |")
+        print("|---|---|---|---|---|")
+        print("\n".join(drift))
     if bars:
         try:
             from modelshrink.figures import accuracy_bars

@@ -238,3 +238,84 @@ def test_two_process_accelerate_launch(teacher, sentiment, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines() == [str(out)]
     assert read_manifest(out)["resolved"]["processes"] == 2
+
+
+def _teacher_table(teacher, train, world_rank=None):
+    """The cached-teacher table of the training sentences, as `contrastive` builds it."""
+    from modelshrink import classify
+    from modelshrink.ackd import feature_layer_pairs
+    from modelshrink.contrastive import teacher_outputs
+    from modelshrink.models import load_classifier
+
+    model, tokenizer = load_classifier(str(teacher), "teacher")
+    model.eval()
+    examples = classify.tokenize_labeled(classify.read_labeled(str(train)), tokenizer, 64)
+    pairs = feature_layer_pairs(4, 2)
+    collate = classify.make_collate(tokenizer.pad_token_id)
+    return model, examples, collate, pairs, teacher_outputs(model, examples, collate, pairs, "cls", "cpu",
+                                                            batch_size=7)
+
+
+def test_the_cached_teacher_table_is_the_teachers_output_for_each_sentence(teacher, sentiment):
+    from modelshrink.ackd import layer_features
+
+    model, examples, collate, pairs, (logits, features) = _teacher_table(teacher, sentiment[0])
+    assert logits.shape == (96, 2) and features.shape == (96, len(pairs), 32)
+    for i in (0, 17, 95):  # each sentence alone, no padding: the same numbers up to float rounding
+        batch = collate([examples[i]])
+        with torch.no_grad():
+            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                        output_hidden_states=True)
+        z = layer_features(out.hidden_states, [t for _, t in pairs], "cls", batch["attention_mask"])
+        assert torch.allclose(logits[i], out.logits[0], atol=1e-5)
+        assert torch.allclose(features[i], torch.stack(z, 1)[0], atol=1e-5)
+
+
+def test_a_cached_teacher_trains_the_student_as_the_teacher_run_on_every_batch(teacher, sentiment, tmp_path):
+    from modelshrink.contrastive import ContrastiveOptions, contrastive
+
+    kw = dict(data=str(sentiment[0]), teacher=str(teacher), layers=2, max_steps=8, log_every=1, lr=1e-3,
+              batch_size=8, storage_size=20, gamma=0.05, device="cpu")
+    cached = contrastive(ContrastiveOptions(**kw), tmp_path / "cached")
+    direct = contrastive(ContrastiveOptions(**kw, teacher_cache=False), tmp_path / "direct")
+    assert read_manifest(cached)["resolved"]["teacher_cache_bytes"] == 96 * (2 + 32) * 4
+    assert "teacher_cache_bytes" not in read_manifest(direct)["resolved"]
+    logs = [[json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()] for out in (cached, direct)]
+    steps = [(a, b) for a, b in zip(*logs) if "kd" in a]
+    assert len(steps) == 8
+    for a, b in steps:
+        for term in ("kd", "pt", "acdl", "loss"):
+            assert a[term] == pytest.approx(b[term], rel=1e-4, abs=1e-6), (a["step"], term)
+    x, y = load_file(cached / "model.safetensors"), load_file(direct / "model.safetensors")
+    assert max(float((x[k] - y[k]).abs().max()) for k in x) < 1e-4
+
+
+def _table_worker(rank: int, world: int, port: int, teacher, train, queue) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    *_, (logits, features) = _teacher_table(teacher, train)
+    queue.put((rank, logits.tolist(), features.tolist()))  # lists: shared tensors die with the process
+    dist.destroy_process_group()
+
+
+def test_under_two_processes_every_process_gets_the_whole_teacher_table(teacher, sentiment):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    *_, (logits, features) = _teacher_table(teacher, sentiment[0])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_table_worker, args=(r, 2, port, teacher, sentiment[0], queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = {r: (torch.tensor(lg), torch.tensor(ft)) for r, lg, ft in (queue.get(timeout=180) for _ in procs)}
+    for p in procs:
+        p.join(timeout=60)
+    for lg, ft in results.values():  # each process ran half the sentences; rows land in their own places
+        assert torch.allclose(lg, logits, atol=1e-5) and torch.allclose(ft, features, atol=1e-5)

@@ -9,6 +9,7 @@ which is how a user with only an encoder makes the teacher. Both go through the 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -121,13 +122,18 @@ def _read(spec: str, split: str | None, limit: int | None, options: ContrastiveO
 def make_loss(teacher: Any | None, pairs: list[tuple[int, int]], pooling: str = "cls"):
     """The shared loop's loss function: the frozen teacher's logits and features (no gradient path;
     [CLS] or the token mean, as the student's), then the objective's forward (`ACKDObjective`),
-    which returns (loss, parts)."""
+    which returns (loss, parts). A batch that carries them already (`with_cached_teacher`) skips
+    the teacher."""
     teacher_layers = [t for _, t in pairs]
 
     def loss_fn(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
         extra: dict[str, Any] = {}
-        if teacher is not None:
+        if "teacher_logits" in batch:
+            extra["teacher_logits"] = batch["teacher_logits"]
+            if pairs:
+                extra["teacher_features"] = list(batch["teacher_features"].unbind(1))
+        elif teacher is not None:
             with torch.no_grad():
                 t = teacher(**inputs, output_hidden_states=bool(pairs))
             extra["teacher_logits"] = t.logits
@@ -137,6 +143,64 @@ def make_loss(teacher: Any | None, pairs: list[tuple[int, int]], pooling: str = 
         return model(**inputs, labels=batch["labels"], contrast_labels=batch.get("contrast_labels"), **extra)
 
     return loss_fn
+
+
+def teacher_outputs(teacher: Any, examples: list[dict[str, Any]], collate: Callable[[list[dict[str, Any]]], dict[str, Any]],
+                    pairs: list[tuple[int, int]], pooling: str, device: Any, batch_size: int = 64,
+                    progress: Callable[[int, int], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The frozen teacher's logits [N, C] and features [N, M, d] (float32, on the CPU) for every
+    example, computed once. Under a launcher each process runs its share (every W-th sentence) and
+    the shares are gathered, so every process ends with the whole table."""
+    import torch.distributed as dist
+
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    mine = list(range(rank, len(examples), world))
+    mine.sort(key=lambda i: examples[i]["length"])  # similar lengths together: little padding
+    teacher_layers = [t for _, t in pairs]
+    logits, features = [None] * len(mine), [None] * len(mine)
+    with torch.no_grad():
+        for start in range(0, len(mine), batch_size):
+            chunk = mine[start:start + batch_size]
+            batch = collate([examples[i] for i in chunk])
+            inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+            out = teacher(**inputs, output_hidden_states=bool(pairs))
+            z = (torch.stack(layer_features(out.hidden_states, teacher_layers, pooling, inputs["attention_mask"]), 1)
+                 if pairs else out.logits.new_zeros(len(chunk), 0, 0))
+            for k in range(len(chunk)):
+                logits[start + k], features[start + k] = out.logits[k].float().cpu(), z[k].float().cpu()
+            if progress is not None:
+                progress(min(start + batch_size, len(mine)), len(mine))
+    order = torch.tensor(mine, dtype=torch.long)
+    local_logits = torch.stack(logits) if logits else torch.zeros(0, teacher.config.num_labels)
+    local_features = torch.stack(features) if features else torch.zeros(0, len(pairs), teacher.config.hidden_size)
+    if distributed:  # pad every share to the longest (one sentence at most), gather, drop the padding
+        width = (len(examples) + world - 1) // world
+        gathered = []
+        for t in (order, local_logits, local_features):
+            padded = t.new_zeros((width, *t.shape[1:]))
+            padded[:t.shape[0]] = t
+            on_device = padded.to(device)
+            parts = [torch.zeros_like(on_device) for _ in range(world)]
+            dist.all_gather(parts, on_device)
+            gathered.append([p.cpu()[:len(range(r, len(examples), world))] for r, p in enumerate(parts)])
+        order, local_logits, local_features = (torch.cat(g) for g in gathered)
+    table_logits = torch.empty((len(examples), *local_logits.shape[1:]))
+    table_features = torch.empty((len(examples), *local_features.shape[1:]))
+    table_logits[order], table_features[order] = local_logits, local_features
+    return table_logits, table_features
+
+
+def with_cached_teacher(collate: Callable[[list[dict[str, Any]]], dict[str, Any]], logits: torch.Tensor,
+                        features: torch.Tensor) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
+    """A collate that adds each example's cached teacher rows (examples carry their `index`)."""
+    def collate_cached(batch: list[dict[str, Any]]) -> dict[str, Any]:
+        out = collate(batch)
+        rows = torch.tensor([b["index"] for b in batch], dtype=torch.long)
+        out["teacher_logits"], out["teacher_features"] = logits[rows], features[rows]
+        return out
+
+    return collate_cached
 
 
 # ---------------------------------------------------------------- the step
@@ -218,11 +282,25 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     if not objective.needs_teacher:
         teacher = None  # e.g. the cross-entropy-only baseline: no teacher forward passes
 
+    collate = classify.make_collate(tokenizer.pad_token_id)
+    if teacher is not None and options.teacher_cache:
+        started = time.perf_counter()
+        for i, example in enumerate(examples):
+            example["index"] = i
+        logits, features = teacher_outputs(teacher, examples, collate, pairs, options.feature_pooling,
+                                           accelerator.device)
+        collate = with_cached_teacher(collate, logits, features)
+        size = (logits.numel() + features.numel()) * 4
+        log(f"teacher outputs cached for {len(examples):,} sentences ({size / 2**20:.1f} MiB) in "
+            f"{time.perf_counter() - started:.0f} s")
+        resolved["teacher_cache_bytes"] = size
+        teacher = None
+
     def save(objective: Any, folder: Path) -> None:
         save_model(objective.student, tokenizer, folder)
 
     loss_fn = make_loss(teacher, pairs, options.feature_pooling)
-    result = train(objective, examples, classify.make_collate(tokenizer.pad_token_id), loss_fn,
+    result = train(objective, examples, collate, loss_fn,
                    options.train_options(), staging, accelerator=accelerator,
                    validate=(lambda model: check(model.student)) if check else None, save_best=save_best_with(save),
                    resume=resume, progress=progress, log=log)

@@ -69,14 +69,15 @@ def accuracy_bars(rows: Sequence[tuple[str, float]], path: Path, title: str, ref
     fig, ax = plt.subplots(figsize=(1.1 * len(rows) + 2, 3.6))
     names, values = [r[0] for r in rows], [r[1] for r in rows]
     bars = ax.bar(range(len(rows)), values, color="#4c72b0", yerr=errors, capsize=4 if errors else 0)
-    for bar, value in zip(bars, values):
-        ax.text(bar.get_x() + bar.get_width() / 2, value + 0.1, f"{value:.2f}", ha="center", va="bottom", fontsize=8)
+    for bar, value, error in zip(bars, values, errors or [0.0] * len(values)):  # the label clears the error bar
+        ax.text(bar.get_x() + bar.get_width() / 2, value + error + 0.1, f"{value:.2f}", ha="center", va="bottom",
+                fontsize=8)
     if reference is not None:
         ax.axhline(reference, color="#c44e52", linestyle="--", linewidth=1, label=f"teacher {reference:.2f}")
         ax.legend(loc="lower right", fontsize=8)
     low = min(values + ([reference] if reference is not None else []))
     high = max(values + ([reference] if reference is not None else []))
-    ax.set_ylim(max(0.0, low - 3), min(100.0, high + 1.5))
+    ax.set_ylim(max(0.0, low - 3), min(100.0, high + max(errors or [0.0]) + 1.5))
     ax.set_xticks(range(len(rows)), names, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("validation accuracy (%)")
     ax.set_title(title, fontsize=10)

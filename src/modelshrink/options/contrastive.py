@@ -36,6 +36,10 @@ class ContrastiveOptions(TrainOptions):
     feature_pooling: str = opt("cls", "The feature PT and A-CDL compare: cls (the first token's vector, the paper's "
                                       "reading) or mean (the mean over the sentence's tokens).", panel=START,
                                choices=("cls", "mean"))
+    teacher_cache: bool = opt(True, "Run the frozen teacher once over the training data and reuse its logits and "
+                                    "features every epoch (it is in eval mode: the same numbers up to float "
+                                    "rounding); --no-teacher-cache runs it on every batch and keeps no table "
+                                    "(N × (labels + mapped layers × hidden) floats).", panel=START)
     alpha: float = opt(0.5, "α, cross-entropy vs KD [0.1, 0.3, 0.5].", panel=LOSS, min=0, max=1)
     beta: float = opt(20.0, "β, patient loss [20, 40, 60].", panel=LOSS, min=0)
     gamma: float = opt(5e-3, "γ, A-CDL [5e-4, 5e-3, 5e-2].", panel=LOSS, min=0)
