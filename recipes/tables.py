@@ -208,7 +208,7 @@ def ackd(runs: Path, figures: Path, data: Path, teacher: Path) -> None:
         print(f"| {name} | {len(values)} | {statistics.mean(values):.2f} ± {std:.2f} | "
               f"{', '.join(f'{v:.2f}' for v in values)} | {pooled('ce')} | {pooled('kd')} | {same_text} |")
         if (key, name) in ACKD_ROWS[:8]:  # Fig. 3: the paper's ablation; the follow-ups stay in the table
-            bars.append((name, statistics.mean(values)))
+            bars.append((f"{name} ({len(values)})", statistics.mean(values)))
             errors.append(std)
     print("\np: paired permutation test (10,000 resamples) on per-sentence correctness, pooled over the seeds both "
           "students have (pairs matched by seed and sentence). Last column: validation sentences the student "
@@ -235,7 +235,7 @@ def ackd(runs: Path, figures: Path, data: Path, teacher: Path) -> None:
             from modelshrink.figures import accuracy_bars
 
             path = accuracy_bars(bars, figures / "ackd-fig3.png", "3-layer students on rt-polarity "
-                                 f"(mean ± std over {len(seeds)} seeds)", teacher_acc, errors)
+                                 "(mean ± std over the seeds in brackets)", teacher_acc, errors)
             print(f"\n![ACKD Fig. 3]({path})")
         except Exception as e:
             print(f"(no figure: {e})")

@@ -51,6 +51,34 @@ def test_every_shell_recipe_parses_names_its_command_and_refuses_an_unknown_scal
         assert done.returncode == 2 and "SCALE must be small or paper, not 'huge'" in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_the_ackd_recipe_trains_every_student_once_and_fails_when_one_fails(jobs, tmp_path):
+    """JOBS=2 trains two students at a time on one thread each; a failed student fails the recipe."""
+    import os
+    import subprocess
+
+    data, bin_dir = tmp_path / "data", tmp_path / "bin"
+    data.mkdir(), bin_dir.mkdir()
+    (data / "train.jsonl").write_text('{"sentence": "fine", "label": 1}\n')
+    calls = tmp_path / "calls"
+    stub = bin_dir / "modelshrink"  # records its output folder and threads; the ackd-no-pt of seed 1 fails
+    stub.write_text("#!/usr/bin/env bash\nout=$4\necho \"$out ${OMP_NUM_THREADS:-unset}\" >> " + str(calls)
+                    + "\nsleep 0.2\n[[ $out != */seed-1/student-ackd-no-pt ]]\n")
+    stub.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "STAGES": "students", "SEEDS": "0 1", "JOBS": jobs}
+    done = subprocess.run(["bash", "recipes/ackd-rt-polarity.sh", str(data), str(tmp_path / "out")], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+    rows = [line.split() for line in calls.read_text().splitlines()]
+    names = sorted(out.split("/out/")[1] for out, _ in rows)
+    default = "ce kd kd-pt ackd ackd-no-sar ackd-no-storage ackd-no-kd ackd-no-pt".split()
+    assert names == sorted(f"seed-{s}/student-{n}" for s in (0, 1) for n in default)
+    assert {threads for _, threads in rows} == ({"1"} if jobs == "2" else {"unset"})
+    if jobs == "2":  # every student ran; then the failure is reported
+        assert done.returncode == 1 and "a student failed" in done.stderr, done.stderr
+    else:  # one by one, set -e stops at the failure, which is the last student
+        assert done.returncode != 0
+
+
 def test_quickstart_sample_is_packaged():
     from modelshrink.quickstart import sample_path
 
