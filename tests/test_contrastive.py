@@ -278,6 +278,8 @@ def test_a_cached_teacher_trains_the_student_as_the_teacher_run_on_every_batch(t
               batch_size=8, storage_size=20, gamma=0.05, device="cpu")
     cached = contrastive(ContrastiveOptions(**kw), tmp_path / "cached")
     direct = contrastive(ContrastiveOptions(**kw, teacher_cache=False), tmp_path / "direct")
+    kd_only = contrastive(ContrastiveOptions(**kw, pt=False, acdl=False), tmp_path / "kd-only")
+    assert read_manifest(kd_only)["resolved"]["teacher_cache_bytes"] == 96 * 2 * 4  # logits alone
     assert read_manifest(cached)["resolved"]["teacher_cache_bytes"] == 96 * (2 + 32) * 4
     assert "teacher_cache_bytes" not in read_manifest(direct)["resolved"]
     logs = [[json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()] for out in (cached, direct)]

@@ -158,7 +158,8 @@ def teacher_outputs(teacher: Any, examples: list[dict[str, Any]], collate: Calla
     mine = list(range(rank, len(examples), world))
     mine.sort(key=lambda i: examples[i]["length"])  # similar lengths together: little padding
     teacher_layers = [t for _, t in pairs]
-    logits, features = [None] * len(mine), [None] * len(mine)
+    logits = [torch.zeros(0, teacher.config.num_labels)]
+    features = [torch.zeros(0, len(pairs), teacher.config.hidden_size if pairs else 0)]
     with torch.no_grad():
         for start in range(0, len(mine), batch_size):
             chunk = mine[start:start + batch_size]
@@ -167,13 +168,12 @@ def teacher_outputs(teacher: Any, examples: list[dict[str, Any]], collate: Calla
             out = teacher(**inputs, output_hidden_states=bool(pairs))
             z = (torch.stack(layer_features(out.hidden_states, teacher_layers, pooling, inputs["attention_mask"]), 1)
                  if pairs else out.logits.new_zeros(len(chunk), 0, 0))
-            for k in range(len(chunk)):
-                logits[start + k], features[start + k] = out.logits[k].float().cpu(), z[k].float().cpu()
+            logits.append(out.logits.float().cpu())
+            features.append(z.float().cpu())
             if progress is not None:
                 progress(min(start + batch_size, len(mine)), len(mine))
     order = torch.tensor(mine, dtype=torch.long)
-    local_logits = torch.stack(logits) if logits else torch.zeros(0, teacher.config.num_labels)
-    local_features = torch.stack(features) if features else torch.zeros(0, len(pairs), teacher.config.hidden_size)
+    local_logits, local_features = torch.cat(logits), torch.cat(features)
     if distributed:  # pad every share to the longest (one sentence at most), gather, drop the padding
         width = (len(examples) + world - 1) // world
         gathered = []
