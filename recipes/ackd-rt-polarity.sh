@@ -17,8 +17,8 @@
 #   SCALE=paper  the paper's teacher recipe (lr 2e-5, batch 8, 3 epochs) and students of 3 and 6
 #                layers, 4 epochs; seeds 0-4. Its per-task search (lr, batch, α, β, γ) is not run:
 #                set the knobs below to the point you want.
-# JOBS=N trains N students at once, each with THREADS (1) threads (REPRODUCTION.md ran JOBS=2 on 2 CPU
-# cores). The default, 1, trains them one by one with the machine's threads.
+# JOBS=N trains N students at once, each with THREADS (1) threads (recipes/lib/jobs.sh; REPRODUCTION.md ran
+# JOBS=2 on 2 CPU cores). The default, 1, trains them one by one with the machine's threads.
 # Knobs: SEEDS, LAYERS, TEACHER_EPOCHS, STUDENT_EPOCHS, STAGES ("teacher students table"), STUDENTS
 # (default all: "ce kd kd-pt ackd ackd-no-sar ackd-no-storage ackd-no-kd ackd-no-pt"), and the loss weights ALPHA (0.5),
 # BETA (20), GAMMA (5e-3), TEMPERATURE (5), plus EXTRA (more contrastive options for every student).
@@ -49,6 +49,7 @@ alpha=${ALPHA:-0.5} beta=${BETA:-20} gamma=${GAMMA:-5e-3} temperature=${TEMPERAT
 read -r -a extra <<< "${EXTRA:-}"
 [[ -f $data/train.jsonl ]] || { echo "no $data/train.jsonl (see ../shared/data/README.md)" >&2; exit 2; }
 mkdir -p "$out"
+source "$here/lib/jobs.sh"
 common=(--lr 5e-5 --validation "$data/validation.jsonl" --eval-every 124 --resume --quiet)
 
 if [[ $stages == *teacher* ]]; then
@@ -66,13 +67,8 @@ if [[ $stages == *students* ]]; then
     local cmd=(modelshrink contrastive "$data/train.jsonl" -o "$dir/student-$name" --teacher "$out/teacher"
       --layers "$n" --alpha "$alpha" --beta "$beta" --gamma "$gamma" --temperature "$temperature"
       --epochs "$student_epochs" --max-tokens 864 --seed "$seed" "${common[@]}" "${extra[@]}" "$@")
-    if (( jobs_max == 1 )); then "${cmd[@]}" >/dev/null; return; fi
-    while (( $(jobs -rp | wc -l) >= jobs_max )); do sleep 5; done
-    OMP_NUM_THREADS=$threads "${cmd[@]}" >/dev/null &
-    pids+=($!)
+    spawn "${cmd[@]}" >/dev/null
   }
-  jobs_max=${JOBS:-1} threads=${THREADS:-1} pids=()
-  [[ $jobs_max =~ ^[1-9][0-9]*$ ]] || { echo "JOBS must be a positive integer, not '$jobs_max'" >&2; exit 2; }
   for n in $layers; do
     for seed in $seeds; do
       student "$seed" "$n" ce --alpha 1 --no-pt --no-acdl
@@ -90,9 +86,7 @@ if [[ $stages == *students* ]]; then
       student "$seed" "$n" ackd-first --layer-selection first
     done
   done
-  failed=0
-  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-  (( failed == 0 )) || { echo "a student failed (its error is above); run the recipe again to resume" >&2; exit 1; }
+  settle
 fi
 
 if [[ $stages == *table* ]]; then

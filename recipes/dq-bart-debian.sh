@@ -17,7 +17,9 @@
 #   SCALE=paper  the paper's schedule: 10 epochs (quantization only) or 20 (quantization + fewer
 #                layers), batch 128, lr 3e-5, 5% warmup, best checkpoint by ROUGE-L on validation; the
 #                whole validation set. For GPUs: LAUNCH="accelerate launch -m modelshrink".
-# Knobs: STEPS, DOCS (training pairs; default all), VALID_DOCS, STAGES, LAUNCH, TEACHER.
+# Knobs: STEPS, DOCS (training pairs; default all), VALID_DOCS, STAGES, LAUNCH, TEACHER, and JOBS=N: the
+# distillation-aware models and the evaluations run N at a time, THREADS (1) threads each (recipes/lib/jobs.sh;
+# REPRODUCTION.md ran JOBS=2 on 2 CPU cores).
 # Interrupted? Run it again: every step passes --resume.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -46,6 +48,7 @@ mkdir -p "$dq"
 gen=(--num-beams 4 --max-length 32 --no-repeat-ngram-size 3 --max-source-length 128)
 # shellcheck disable=SC2086
 run() { $launch "$@" --resume --quiet; }
+source "$here/lib/jobs.sh"
 
 if [[ $stages == *teacher* && $teacher == "$out/teacher" ]]; then
   SCALE=$scale bash "$here/teacher-debian.sh" "$data" "$out/teacher"
@@ -56,17 +59,19 @@ if [[ $stages == *quant* ]]; then
   run quantize "$teacher" -o "$dq/888-direct" --bits 8-8-8 --method direct >/dev/null
   run quantize "$teacher" -o "$dq/228-direct" --bits 2-2-8 --method direct >/dev/null
   aware=(--data "$train" "${limit[@]}" --max-source-length 128 --max-target-length 32 --seed 0)
-  run quantize "$teacher" -o "$dq/888-6-6" --bits 8-8-8 "${aware[@]}" "${same[@]}" >/dev/null
-  run quantize "$teacher" -o "$dq/228-6-6" --bits 2-2-8 "${aware[@]}" "${same[@]}" >/dev/null
-  run quantize "$teacher" -o "$dq/228-6-3" --bits 2-2-8 --decoder-layers 3 "${aware[@]}" "${fewer[@]}" >/dev/null
+  spawn run quantize "$teacher" -o "$dq/888-6-6" --bits 8-8-8 "${aware[@]}" "${same[@]}" >/dev/null
+  spawn run quantize "$teacher" -o "$dq/228-6-6" --bits 2-2-8 "${aware[@]}" "${same[@]}" >/dev/null
+  spawn run quantize "$teacher" -o "$dq/228-6-3" --bits 2-2-8 --decoder-layers 3 "${aware[@]}" "${fewer[@]}" >/dev/null
+  settle
 fi
 
 if [[ $stages == *eval* ]]; then
   run eval "$teacher" "$validation" -o "$dq/eval-float" "${vlimit[@]}" "${gen[@]}" --latency-docs 0 >/dev/null
-  for name in "${models[@]}"; do
-    run eval "$dq/$name" "$validation" -o "$dq/eval-$name" "${vlimit[@]}" "${gen[@]}" --latency-docs 0 \
+  for name in "${models[@]}"; do   # after the float model's: each is tested against it
+    spawn run eval "$dq/$name" "$validation" -o "$dq/eval-$name" "${vlimit[@]}" "${gen[@]}" --latency-docs 0 \
       --reference-size "$teacher" --against "$dq/eval-float" >/dev/null
   done
+  settle
 fi
 
 if [[ $stages == *table* ]]; then

@@ -20,7 +20,9 @@
 #   SCALE=paper  every training document, students 6 epochs at lr 5e-5 (PLATE: 15,000 steps of ~80
 #                documents on XSum, about 6 epochs), the whole validation set. For GPUs: set
 #                LAUNCH="accelerate launch -m modelshrink" (README, "Scaling out").
-# Knobs: DOCS, STUDENT_STEPS, VALID_DOCS, STAGES, LAUNCH, TEACHER (another seq2seq teacher folder).
+# Knobs: DOCS, STUDENT_STEPS, VALID_DOCS, STAGES, LAUNCH, TEACHER (another seq2seq teacher folder), and
+# JOBS=N: the label sets, the students and the evaluations run N at a time, THREADS (1) threads each
+# (recipes/lib/jobs.sh; REPRODUCTION.md ran JOBS=2 on 2 CPU cores).
 # Interrupted? Run it again: every step passes --resume (finished artifacts are kept as they are).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -46,6 +48,7 @@ mkdir -p "$plate"
 gen=(--num-beams 4 --max-length 32 --no-repeat-ngram-size 3 --max-source-length 128)
 # shellcheck disable=SC2086
 run() { $launch "$@" --resume --quiet; }
+source "$here/lib/jobs.sh"
 
 if [[ $stages == *teacher* && $teacher == "$out/teacher" ]]; then
   SCALE=$scale bash "$here/teacher-debian.sh" "$data" "$out/teacher"
@@ -59,33 +62,40 @@ labels() {
   modelshrink eval "$plate/labels-$name" -o "$plate/labels-$name-style" --resamples 100 --overwrite --quiet >/dev/null
 }
 if [[ $stages == *labels* ]]; then
-  labels regular --lambda 1.0
-  labels lambda1.5 --lambda 1.5
-  labels lambda2 --lambda 2.0
-  labels random --lambda-range 1 2 --seed 0
+  spawn labels regular --lambda 1.0
+  spawn labels lambda1.5 --lambda 1.5
+  spawn labels lambda2 --lambda 2.0
+  spawn labels random --lambda-range 1 2 --seed 0
 fi
 if [[ $stages == *baselines* ]]; then
-  labels T0.5 --output-temperature 0.5
-  labels sampling --do-sample --num-beams 1 --seed 0
-  labels nucleus --do-sample --top-p 0.9 --num-beams 1 --seed 0
+  spawn labels T0.5 --output-temperature 0.5
+  spawn labels sampling --do-sample --num-beams 1 --seed 0
+  spawn labels nucleus --do-sample --top-p 0.9 --num-beams 1 --seed 0
 fi
+settle
 
 students=(gold regular lambda1.5 lambda2 random)
 [[ $stages == *baselines* ]] && students+=(T0.5 sampling nucleus)
 if [[ $stages == *students* ]]; then
   for name in "${students[@]}"; do
     if [[ $name == gold ]]; then source=("$train" "${limit[@]}"); else source=("$plate/labels-$name"); fi
-    run distill "${source[@]}" -o "$plate/student-$name" --teacher "$teacher" --decoder-layers 2 "${budget[@]}" \
+    spawn run distill "${source[@]}" -o "$plate/student-$name" --teacher "$teacher" --decoder-layers 2 "${budget[@]}" \
       --max-source-length 128 --max-target-length 32 --seed 0 >/dev/null
   done
+  settle
 fi
 
 if [[ $stages == *eval* ]]; then
-  for name in regular "${students[@]}"; do   # Regular first: the others are tested against it
-    against=(); [[ $name == regular ]] || against=(--against "$plate/eval-regular")
+  evaluate() {  # name, then more eval options
+    local name=$1; shift
     run eval "$plate/student-$name" "$validation" -o "$plate/eval-$name" "${vlimit[@]}" "${gen[@]}" \
-      --attention-stats --latency-docs 0 "${against[@]}" >/dev/null
+      --attention-stats --latency-docs 0 "$@" >/dev/null
+  }
+  evaluate regular   # first, on all threads: the others are tested against it
+  for name in "${students[@]}"; do
+    [[ $name == regular ]] || spawn evaluate "$name" --against "$plate/eval-regular"
   done
+  settle
 fi
 
 if [[ $stages == *table* ]]; then

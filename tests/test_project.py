@@ -51,32 +51,97 @@ def test_every_shell_recipe_parses_names_its_command_and_refuses_an_unknown_scal
         assert done.returncode == 2 and "SCALE must be small or paper, not 'huge'" in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize("jobs", ["1", "2"])
-def test_the_ackd_recipe_trains_every_student_once_and_fails_when_one_fails(jobs, tmp_path):
-    """JOBS=2 trains two students at a time on one thread each; a failed student fails the recipe."""
+def _run_recipe_with_a_stub(recipe, data, out, tmp_path, fail="", **env):
+    """Runs recipes/RECIPE with a stub `modelshrink` on PATH that logs "start|end COMMAND OUT THREADS" for
+    every call (OUT: the value of -o) and fails when OUT ends with FAIL. Returns (process, log rows)."""
     import os
     import subprocess
 
-    data, bin_dir = tmp_path / "data", tmp_path / "bin"
-    data.mkdir(), bin_dir.mkdir()
-    (data / "train.jsonl").write_text('{"sentence": "fine", "label": 1}\n')
-    calls = tmp_path / "calls"
-    stub = bin_dir / "modelshrink"  # records its output folder and threads; the ackd-no-pt of seed 1 fails
-    stub.write_text("#!/usr/bin/env bash\nout=$4\necho \"$out ${OMP_NUM_THREADS:-unset}\" >> " + str(calls)
-                    + "\nsleep 0.2\n[[ $out != */seed-1/student-ackd-no-pt ]]\n")
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    stub = bin_dir / "modelshrink"
+    stub.write_text("#!/usr/bin/env bash\nout=; prev=\nfor a in \"$@\"; do [[ $prev == -o ]] && out=$a; prev=$a; done\n"
+                    f"echo \"start $1 $out ${{OMP_NUM_THREADS:-unset}}\" >> {calls}\nsleep 0.2\n"
+                    f"echo \"end $1 $out\" >> {calls}\n[[ -z \"{fail}\" || $out != *{fail} ]]\n")
     stub.chmod(0o755)
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "STAGES": "students", "SEEDS": "0 1", "JOBS": jobs}
-    done = subprocess.run(["bash", "recipes/ackd-rt-polarity.sh", str(data), str(tmp_path / "out")], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
-    rows = [line.split() for line in calls.read_text().splitlines()]
-    names = sorted(out.split("/out/")[1] for out, _ in rows)
+    done = subprocess.run(["bash", f"recipes/{recipe}", str(data), str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={"PATH": f"{bin_dir}:{os.environ['PATH']}", **env})
+    rows = [line.split() for line in calls.read_text().splitlines()] if calls.exists() else []
+    return done, rows
+
+
+def _started(rows, out):
+    """[(command, output relative to OUT, threads)] in start order."""
+    return [(cmd, path.split(f"{out}/")[1], threads) for event, cmd, path, threads in
+            (row for row in rows if row[0] == "start")]
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_the_ackd_recipe_trains_every_student_once_and_fails_when_one_fails(jobs, tmp_path):
+    """JOBS=2 trains two students at a time on one thread each; a failed student fails the recipe."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    (data / "train.jsonl").write_text('{"sentence": "fine", "label": 1}\n')
+    done, rows = _run_recipe_with_a_stub("ackd-rt-polarity.sh", data, out, tmp_path, fail="seed-1/student-ackd-no-pt",
+                                         STAGES="students", SEEDS="0 1", JOBS=jobs)
+    started = _started(rows, out)
     default = "ce kd kd-pt ackd ackd-no-sar ackd-no-storage ackd-no-kd ackd-no-pt".split()
-    assert names == sorted(f"seed-{s}/student-{n}" for s in (0, 1) for n in default)
-    assert {threads for _, threads in rows} == ({"1"} if jobs == "2" else {"unset"})
+    assert sorted(path for _, path, _ in started) == sorted(f"seed-{s}/student-{n}" for s in (0, 1) for n in default)
+    assert {threads for _, _, threads in started} == ({"1"} if jobs == "2" else {"unset"})
     if jobs == "2":  # every student ran; then the failure is reported
-        assert done.returncode == 1 and "a student failed" in done.stderr, done.stderr
+        assert done.returncode == 1 and "a job failed" in done.stderr, done.stderr
     else:  # one by one, set -e stops at the failure, which is the last student
         assert done.returncode != 0
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+@pytest.mark.parametrize("recipe", ["plate-debian.sh", "dq-bart-debian.sh"])
+def test_the_seq2seq_recipes_run_every_step_once_and_evaluate_the_reference_first(recipe, jobs, tmp_path):
+    """PLATE's and DQ-BART's recipes with JOBS=2 run their label sets, students and evaluations two at a time
+    on one thread each, but the evaluation every other one is tested against (Regular, the float teacher)
+    ends before the others start; with JOBS=1 everything runs in order with the machine's threads."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    (data / "train.jsonl.gz").write_bytes(b"")
+    plate = recipe == "plate-debian.sh"
+    done, rows = _run_recipe_with_a_stub(recipe, data, out, tmp_path, JOBS=jobs,
+                                         STAGES="labels students eval" if plate else "quant eval")
+    assert done.returncode == 0, done.stderr
+    started = _started(rows, out)
+    if plate:
+        sets = ["regular", "lambda1.5", "lambda2", "random"]
+        students = ["gold", *sets]
+        expected = ([("pseudolabel", f"plate/labels-{n}") for n in sets]
+                    + [("eval", f"plate/labels-{n}-style") for n in sets]
+                    + [("distill", f"plate/student-{n}") for n in students]
+                    + [("eval", f"plate/eval-{n}") for n in students])
+        reference, parallel = "plate/eval-regular", [f"plate/{kind}-{n}" for kind in ("labels", "student")
+                                                     for n in students if (kind, n) != ("labels", "gold")]
+    else:
+        models = ["888-direct", "228-direct", "888-6-6", "228-6-6", "228-6-3"]
+        expected = ([("quantize", f"dq-bart/{n}") for n in models]
+                    + [("eval", f"dq-bart/eval-{n}") for n in ["float", *models]])
+        reference, parallel = "dq-bart/eval-float", [f"dq-bart/{n}" for n in models[2:]]
+    assert sorted((cmd, path) for cmd, path, _ in started) == sorted(expected)
+    threads = {path: t for _, path, t in started}
+    assert threads[reference] == "unset"  # the reference evaluation runs alone, on every thread
+    assert {threads[p] for p in parallel} == ({"1"} if jobs == "2" else {"unset"})
+    events = [(event, path.split(f"{out}/")[1]) for event, _, path, *_ in rows]
+    ends_reference = events.index(("end", reference))
+    for _, path in expected:
+        if "/eval-" in path and path != reference:
+            assert events.index(("start", path)) > ends_reference, path
+
+
+def test_a_failed_student_stops_the_plate_recipe_before_its_evaluations(tmp_path):
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    (data / "train.jsonl.gz").write_bytes(b"")
+    done, rows = _run_recipe_with_a_stub("plate-debian.sh", data, out, tmp_path, fail="student-lambda2", JOBS="2",
+                                         STAGES="students eval")
+    assert done.returncode == 1 and "a job failed" in done.stderr, done.stderr
+    assert sorted(path for _, path, _ in _started(rows, out)) == sorted(
+        f"plate/student-{n}" for n in ["gold", "regular", "lambda1.5", "lambda2", "random"])
 
 
 def test_quickstart_sample_is_packaged():
