@@ -49,6 +49,8 @@ gen=(--num-beams 4 --max-length 32 --no-repeat-ngram-size 3 --max-source-length 
 # shellcheck disable=SC2086
 run() { $launch "$@" --resume --quiet; }
 source "$here/lib/jobs.sh"
+[[ $jobs_max == 1 || $launch == modelshrink ]] || {
+  echo "JOBS=$jobs_max runs one-process steps side by side on a CPU machine; with LAUNCH ($launch) keep JOBS=1" >&2; exit 2; }
 
 if [[ $stages == *teacher* && $teacher == "$out/teacher" ]]; then
   SCALE=$scale bash "$here/teacher-debian.sh" "$data" "$out/teacher"

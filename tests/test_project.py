@@ -133,6 +133,16 @@ def test_the_seq2seq_recipes_run_every_step_once_and_evaluate_the_reference_firs
             assert events.index(("start", path)) > ends_reference, path
 
 
+@pytest.mark.parametrize("recipe", ["plate-debian.sh", "dq-bart-debian.sh"])
+def test_jobs_with_a_launcher_is_refused_before_anything_runs(recipe, tmp_path):
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    (data / "train.jsonl.gz").write_bytes(b"")
+    done, rows = _run_recipe_with_a_stub(recipe, data, out, tmp_path, JOBS="2", STAGES="quant eval labels",
+                                         LAUNCH="accelerate launch -m modelshrink")
+    assert done.returncode == 2 and "keep JOBS=1" in done.stderr and rows == [], done.stderr
+
+
 def test_a_failed_student_stops_the_plate_recipe_before_its_evaluations(tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
     data.mkdir()
