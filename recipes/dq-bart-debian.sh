@@ -20,7 +20,8 @@
 # Knobs: STEPS, DOCS (training pairs; default all), VALID_DOCS, STAGES, LAUNCH, TEACHER, and JOBS=N: the
 # distillation-aware models and the evaluations run N at a time, THREADS (1) threads each (recipes/lib/jobs.sh;
 # REPRODUCTION.md ran JOBS=2 on 2 CPU cores).
-# Interrupted? Run it again: every step passes --resume.
+# Interrupted? Run it again: every step passes --resume (models continue from their last checkpoint,
+# evaluations from their last batch).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 data=${1:-../shared/data/debian-descriptions}
@@ -32,7 +33,7 @@ teacher=${TEACHER:-$out/teacher}
 train=$data/train.jsonl.gz validation=$data/validation.jsonl.gz
 case $scale in
   small) valid=${VALID_DOCS:-1000}
-         same=(--max-steps "${STEPS:-300}" --lr 1e-4 --warmup-ratio 0.05 --max-tokens 3072)
+         same=(--max-steps "${STEPS:-300}" --lr 1e-4 --warmup-ratio 0.05 --max-tokens 3072 --save-every 100)
          fewer=("${same[@]}") ;;
   paper) valid=${VALID_DOCS:-all}
          every=(--lr 3e-5 --warmup-ratio 0.05 --batch-size 128 --validation "$validation" --eval-every 500

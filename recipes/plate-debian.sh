@@ -23,7 +23,8 @@
 # Knobs: DOCS, STUDENT_STEPS, VALID_DOCS, STAGES, LAUNCH, TEACHER (another seq2seq teacher folder), and
 # JOBS=N: the label sets, the students and the evaluations run N at a time, THREADS (1) threads each
 # (recipes/lib/jobs.sh; REPRODUCTION.md ran JOBS=2 on 2 CPU cores).
-# Interrupted? Run it again: every step passes --resume (finished artifacts are kept as they are).
+# Interrupted? Run it again: every step passes --resume (finished artifacts are kept as they are, label sets
+# and evaluations continue from their last batch, students from their last checkpoint).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 data=${1:-../shared/data/debian-descriptions}
@@ -34,9 +35,9 @@ launch=${LAUNCH:-modelshrink}
 teacher=${TEACHER:-$out/teacher}
 case $scale in
   small) docs=${DOCS:-4000} valid=${VALID_DOCS:-1000}
-         budget=(--max-steps "${STUDENT_STEPS:-400}" --lr 3e-4 --warmup-steps 40 --max-tokens 3072) ;;
+         budget=(--max-steps "${STUDENT_STEPS:-400}" --lr 3e-4 --warmup-steps 40 --max-tokens 3072 --save-every 100) ;;
   paper) docs=${DOCS:-all} valid=${VALID_DOCS:-all}
-         budget=(--epochs 6 --lr 5e-5 --warmup-steps 500 --max-tokens 8192) ;;
+         budget=(--epochs 6 --lr 5e-5 --warmup-steps 500 --max-tokens 8192 --save-every 2000) ;;
   *) echo "SCALE must be small or paper, not '$scale'" >&2; exit 2 ;;
 esac
 limit=(); [[ $docs == all ]] || limit=(--limit "$docs")

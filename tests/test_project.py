@@ -52,16 +52,18 @@ def test_every_shell_recipe_parses_names_its_command_and_refuses_an_unknown_scal
 
 
 def _run_recipe_with_a_stub(recipe, data, out, tmp_path, fail="", **env):
-    """Runs recipes/RECIPE with a stub `modelshrink` on PATH that logs "start|end COMMAND OUT THREADS" for
-    every call (OUT: the value of -o) and fails when OUT ends with FAIL. Returns (process, log rows)."""
+    """Runs recipes/RECIPE with a stub `modelshrink` on PATH that logs "start COMMAND OUT THREADS SAVE_EVERY"
+    and "end COMMAND OUT" for every call (OUT: the value of -o, SAVE_EVERY: of --save-every or "none") and
+    fails when OUT ends with FAIL. Returns (process, log rows)."""
     import os
     import subprocess
 
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir()
     stub = bin_dir / "modelshrink"
-    stub.write_text("#!/usr/bin/env bash\nout=; prev=\nfor a in \"$@\"; do [[ $prev == -o ]] && out=$a; prev=$a; done\n"
-                    f"echo \"start $1 $out ${{OMP_NUM_THREADS:-unset}}\" >> {calls}\nsleep 0.2\n"
+    stub.write_text("#!/usr/bin/env bash\nout=; save=none; prev=\nfor a in \"$@\"; do [[ $prev == -o ]] && out=$a\n"
+                    "[[ $prev == --save-every ]] && save=$a; prev=$a; done\n"
+                    f"echo \"start $1 $out ${{OMP_NUM_THREADS:-unset}} $save\" >> {calls}\nsleep 0.2\n"
                     f"echo \"end $1 $out\" >> {calls}\n[[ -z \"{fail}\" || $out != *{fail} ]]\n")
     stub.chmod(0o755)
     done = subprocess.run(["bash", f"recipes/{recipe}", str(data), str(out)], cwd=ROOT, capture_output=True,
@@ -72,7 +74,7 @@ def _run_recipe_with_a_stub(recipe, data, out, tmp_path, fail="", **env):
 
 def _started(rows, out):
     """[(command, output relative to OUT, threads)] in start order."""
-    return [(cmd, path.split(f"{out}/")[1], threads) for event, cmd, path, threads in
+    return [(cmd, path.split(f"{out}/")[1], threads) for event, cmd, path, threads, _ in
             (row for row in rows if row[0] == "start")]
 
 
@@ -123,6 +125,10 @@ def test_the_seq2seq_recipes_run_every_step_once_and_evaluate_the_reference_firs
                     + [("eval", f"dq-bart/eval-{n}") for n in ["float", *models]])
         reference, parallel = "dq-bart/eval-float", [f"dq-bart/{n}" for n in models[2:]]
     assert sorted((cmd, path) for cmd, path, _ in started) == sorted(expected)
+    # every model that trains checkpoints, so that a rerun continues it instead of starting over
+    save_every = {row[2].split(f"{out}/")[1]: row[4] for row in rows if row[0] == "start"}
+    trained = [f"plate/student-{n}" for n in students] if plate else [f"dq-bart/{n}" for n in models[2:]]
+    assert {save_every[p] for p in trained} == {"100"}
     threads = {path: t for _, path, t in started}
     assert threads[reference] == "unset"  # the reference evaluation runs alone, on every thread
     assert {threads[p] for p in parallel} == ({"1"} if jobs == "2" else {"unset"})
