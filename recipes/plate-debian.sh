@@ -14,9 +14,9 @@
 #   baselines (not in STAGES by default) Table 5: output temperature T = 0.5, sampling, nucleus 0.9
 #   table     the tables as markdown on stdout, and OUT_DIR/plate-fig2.png
 #
-#   SCALE=small  DOCS=4000 documents, students 400 steps of a 3,072-token budget (about 37 documents
-#                a step, so ~3.7 epochs of the 4,000), VALID_DOCS=1000; about two hours on 2 CPU
-#                cores after the teacher.
+#   SCALE=small  DOCS=4000 documents, students 400 steps of a 3,072-token budget (about 31 documents
+#                a step, so ~3.1 epochs of the 4,000), VALID_DOCS=1000; about five hours on 2 CPU
+#                cores after the teacher (JOBS=2), so it continues over sessions (see "Interrupted?").
 #   SCALE=paper  every training document, students 6 epochs at lr 5e-5 (PLATE: 15,000 steps of ~80
 #                documents on XSum, about 6 epochs), the whole validation set. For GPUs: set
 #                LAUNCH="accelerate launch -m modelshrink" (README, "Scaling out").
