@@ -62,7 +62,9 @@ labels() {
   local name=$1; shift
   run pseudolabel "$teacher" "$train" -o "$plate/labels-$name" "${limit[@]}" "${gen[@]}" --max-tokens 4096 \
     --attention-stats --attention-plot msmtp-mta "$@" >/dev/null
-  modelshrink eval "$plate/labels-$name" -o "$plate/labels-$name-style" --resamples 100 --overwrite --quiet >/dev/null
+  # scored again only when the label set is newer than its score (a rerun keeps both)
+  [[ $plate/labels-$name-style/modelshrink.json -nt $plate/labels-$name/modelshrink.json ]] ||
+    modelshrink eval "$plate/labels-$name" -o "$plate/labels-$name-style" --resamples 100 --overwrite --quiet >/dev/null
 }
 if [[ $stages == *labels* ]]; then
   spawn labels regular --lambda 1.0

@@ -160,6 +160,26 @@ def test_a_failed_student_stops_the_plate_recipe_before_its_evaluations(tmp_path
         f"plate/student-{n}" for n in ["gold", "regular", "lambda1.5", "lambda2", "random"])
 
 
+def test_a_rerun_of_the_plate_labels_scores_only_label_sets_newer_than_their_score(tmp_path):
+    """The style score of a label set is kept when it is newer than the set (a rerun of an interrupted
+    recipe), and made again when the set is newer (the set was made again) or has no score yet."""
+    import os
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    (data / "train.jsonl.gz").write_bytes(b"")
+    for name, (labels_time, style_time) in {"regular": (100, 200), "lambda2": (300, 200)}.items():
+        for folder, when in ((f"labels-{name}", labels_time), (f"labels-{name}-style", style_time)):
+            manifest = out / "plate" / folder / "modelshrink.json"
+            manifest.parent.mkdir(parents=True)
+            manifest.write_text("{}")
+            os.utime(manifest, (when, when))
+    done, rows = _run_recipe_with_a_stub("plate-debian.sh", data, out, tmp_path, JOBS="1", STAGES="labels")
+    assert done.returncode == 0, done.stderr
+    scored = sorted(path for cmd, path, _ in _started(rows, out) if cmd == "eval")
+    assert scored == ["plate/labels-lambda1.5-style", "plate/labels-lambda2-style", "plate/labels-random-style"]
+
+
 def test_quickstart_sample_is_packaged():
     from modelshrink.quickstart import sample_path
 
