@@ -191,6 +191,20 @@ def test_classifier_direct_quantization(classifier_path, tmp_path):
     assert model.config.model_type == "bert" and read_manifest(out)["resolved"]["kind"] == "classifier"
 
 
+def test_direct_quantization_with_resume_keeps_a_complete_output(classifier_path, tmp_path):
+    """A rerun of an interrupted recipe passes --resume to every step: a complete direct quantization
+    is kept as it is (it used to be refused as 'already exists')."""
+    out = tmp_path / "q"
+    args = ["quantize", str(classifier_path), "-o", str(out), "--bits", "8-8-8", "--method", "direct",
+            "--device", "cpu", "--resume"]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.stderr
+    manifest = (out / "modelshrink.json").read_bytes()
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0, again.stderr
+    assert "already complete" in again.stderr and (out / "modelshrink.json").read_bytes() == manifest
+
+
 def test_classifier_distillation_aware_quantization(classifier_path, tmp_path):
     rows = [{"id": f"s{i}", "sentence": d, "label": i % 2} for i, d in enumerate(DOCUMENTS)]
     data = write_jsonl(tmp_path / "sst.jsonl", rows)

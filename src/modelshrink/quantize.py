@@ -96,18 +96,21 @@ def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = 
     """Quantize `options.model` (directly, or by distillation-aware training) into an artifact; returns its path."""
     kind = _check_model(options)
     if options.method == "direct":
-        return quantize_direct(options, output, kind, overwrite=overwrite, log=log)
+        return quantize_direct(options, output, kind, overwrite=overwrite, resume=resume, log=log)
     if kind == "seq2seq":
         return quantize_seq2seq(options, output, overwrite=overwrite, resume=resume, progress=progress, log=log)
     return quantize_classifier(options, output, overwrite=overwrite, resume=resume, progress=progress, log=log)
 
 
-def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, *, overwrite: bool,
+def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, *, overwrite: bool, resume: bool,
                     log: Callable[[str], None]) -> Path:
-    """The model as it is, quantized (no training)."""
+    """The model as it is, quantized (no training). `resume` keeps a complete output as it is (nothing
+    to continue: an interrupted direct run left nothing behind)."""
     from modelshrink.efficiency import parameter_count
     from modelshrink.models import load_classifier, load_seq2seq, resolve_device
 
+    if finished(output, overwrite=overwrite, resume=resume, log=log):
+        return Path(output)
     spec = options.spec
     writer = ArtifactWriter(output, overwrite=overwrite)
     writer.check()
