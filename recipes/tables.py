@@ -30,6 +30,14 @@ def _p(m: dict, key: str) -> str:
     return ("< 0.001" if p < 0.001 else f"{p:.3f}") + ("*" if p < 0.05 else "")
 
 
+def _delta_p(m: dict, key: str) -> str:
+    """The signed difference from the model tested against, with its p: a star alone would not say
+    whether a significant difference is a gain or a loss."""
+    if "against" not in m:
+        return "–"
+    return f"{m['against']['delta'][key]:+.2f} ({_p(m, key)})"
+
+
 def teacher(runs: Path, figures: Path) -> None:
     folder = runs / "teacher"
     m, lead = _json(runs / "teacher-eval" / "metrics.json"), _json(runs / "lead" / "eval-lead-sentence" / "metrics.json")
@@ -106,14 +114,15 @@ def plate(runs: Path, figures: Path) -> None:
             print(f"(no figure: {e})")
 
     print("\nTable 2 (6-2 students, identical budgets; validation documents; 95% bootstrap intervals; p: paired "
-          "permutation test against the Regular student, * p < 0.05)\n")
-    print("| student trained on | ROUGE-1 | ROUGE-2 | ROUGE-L | p (R-1, R-2, R-L) | words | novel 1-g | leading |")
-    print("|---|---|---|---|---|---|---|---|")
+          "permutation test against the Regular student, * p < 0.05; Δ: ROUGE minus the Regular student's)\n")
+    print("| student trained on | ROUGE-1 | ROUGE-2 | ROUGE-L | Δ R-1 (p) | Δ R-2 (p) | Δ R-L (p) | words | novel 1-g | "
+          "leading |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for key, name in [("gold", "gold synopses")] + PLATE_LABELS:
         m = _json(folder / f"eval-{key}" / "metrics.json")
         if m is None:
             continue
-        ps = ", ".join(_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
+        ps = " | ".join(_delta_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
         print(f"| {name} | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | {_rouge(m, 'rougeL')} | {ps} | "
               f"{m['length_words']:.2f} | {m['novel_ngrams']['1']:.1f} | {m['leading_bias']:.1f} |")
 
