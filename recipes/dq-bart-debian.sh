@@ -12,8 +12,10 @@
 #   table    the table as markdown: bytes on disk and compression as stored (ternary at 1.6 bits) and
 #            as the paper counts it (2 bits a weight), ROUGE with 95% intervals
 #
-#   SCALE=small  STEPS=300 training steps of a 3,072-token budget (~37 pairs) at lr 1e-4 per
-#                distillation-aware model, VALID_DOCS=1000; about two hours on 2 CPU cores.
+#   SCALE=small  STEPS=300 training steps of a 3,072-token budget (~31 pairs) at lr 1e-4 per
+#                distillation-aware model, VALID_DOCS=1000; about three hours on 2 CPU cores after the
+#                teacher (JOBS=2; measured: 16 s a step on one thread beside another job, 80 minutes a
+#                model, three models in two rounds, then the evaluations), so it continues over sessions.
 #   SCALE=paper  the paper's schedule: 10 epochs (quantization only) or 20 (quantization + fewer
 #                layers), batch 128, lr 3e-5, 5% warmup, best checkpoint by ROUGE-L on validation; the
 #                whole validation set. For GPUs: LAUNCH="accelerate launch -m modelshrink".

@@ -8,7 +8,7 @@
 # keeping the checkpoint best by ROUGE-1. Then the whole validation set is scored (OUT-eval) and
 # tested against the first-sentence baseline of recipes/eval-lead-baselines.sh (run here if missing).
 #
-#   SCALE=small  1,500 steps of ~37 documents (a padded-token budget of 3,072), lr 3e-4: 1.02 epochs;
+#   SCALE=small  1,500 steps of ~31 documents (a padded-token budget of 3,072), lr 3e-4: 1.02 epochs;
 #                70 to 150 minutes on 2 CPU cores (2.8 to 6 s a step on two machines of this
 #                project), then about 15 for the evaluation.
 #   SCALE=paper  8 epochs, lr 1e-4, 16,384-token batches, validation on 500 documents: for a GPU
