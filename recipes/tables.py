@@ -139,8 +139,8 @@ def dqbart(runs: Path, figures: Path) -> None:
         sys.exit(f"no {folder / 'eval-float'}: run recipes/dq-bart-debian.sh first")
     float_bytes = float_eval["efficiency"]["bytes_on_disk"]
     print("| W-E-A E-D | MB on disk | compression | MB at 2 bits/weight (paper's count) | compression | "
-          "ROUGE-1 | ROUGE-2 | ROUGE-L | p vs float (R-1, R-2, R-L) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "ROUGE-1 | ROUGE-2 | ROUGE-L | Δ R-1 vs float (p) | Δ R-2 (p) | Δ R-L (p) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     points = []
     for key, name in DQ_ROWS:
         m = float_eval if key == "float" else _json(folder / f"eval-{key}" / "metrics.json")
@@ -148,7 +148,7 @@ def dqbart(runs: Path, figures: Path) -> None:
             continue
         stored = m["efficiency"]["bytes_on_disk"]
         nominal = stored if key == "float" else _json(folder / key / "modelshrink.json")["metrics"]["bytes_at_nominal_bits"]
-        ps = ", ".join(_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
+        ps = " | ".join(_delta_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
         print(f"| {name} | {stored / 1e6:.1f} | {float_bytes / stored:.1f}× | {nominal / 1e6:.1f} | "
               f"{float_bytes / nominal:.1f}× | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | "
               f"{_rouge(m, 'rougeL')} | {ps} |")
