@@ -328,3 +328,30 @@ def test_training_progress_lines(saved_models, docs_jsonl, tmp_path):
     assert lines[0].startswith("distill: 1/3 steps (33%), loss ") and lines[0].endswith(" tok/s"), lines
     assert lines[-1].startswith("distill: 3/3 steps (100%), loss ") and " steps/s, elapsed " in lines[-1], lines
     assert lines[-1].endswith(", done")
+
+
+def test_resume_of_a_complete_artifact_warns_when_a_parent_was_made_again(tmp_path):
+    """--resume keeps a complete artifact as it is, but says so when an artifact it was made from has been
+    remade since (a rerun of a pipeline after a parent was redone would otherwise keep a stale child)."""
+    from modelshrink.artifacts import sha256_file
+    from modelshrink.runs import finished
+
+    parent, child, data = tmp_path / "labels", tmp_path / "student", tmp_path / "train.jsonl"
+    parent.mkdir()
+    child.mkdir()
+    (parent / "modelshrink.json").write_text('{"step": "pseudolabel"}')
+    data.write_text("{}\n")
+    parents = [{"role": "data", "path": str(parent), "manifest_sha256": sha256_file(parent / "modelshrink.json")},
+               {"role": "extra", "path": str(data), "sha256": "0" * 64}]  # data files are not hashed again
+    (child / "modelshrink.json").write_text(json.dumps({"step": "distill", "parents": parents}))
+
+    said = []
+    assert finished(child, overwrite=False, resume=True, log=said.append)
+    assert said == [f"{child} is already complete; nothing to resume"]
+
+    (parent / "modelshrink.json").write_text('{"step": "pseudolabel", "again": true}')
+    said.clear()
+    assert finished(child, overwrite=False, resume=True, log=said.append)
+    assert len(said) == 2 and said[1].startswith(f"warning: {child} was made from an earlier {parent} (data)")
+    assert "--overwrite" in said[1]
+    assert not finished(child, overwrite=True, resume=True, log=said.append)

@@ -30,10 +30,28 @@ def finished(output: str | Path, *, overwrite: bool, resume: bool, log: Callable
     """Whether `--resume` was asked of an output that is already complete (then the step does nothing)."""
     from modelshrink.artifacts import read_manifest
 
-    if resume and not overwrite and read_manifest(output) is not None:
-        log(f"{output} is already complete; nothing to resume")
-        return True
-    return False
+    manifest = read_manifest(output) if resume and not overwrite else None
+    if manifest is None:
+        return False
+    log(f"{output} is already complete; nothing to resume")
+    for role, path in changed_parents(manifest):
+        log(f"warning: {output} was made from an earlier {path} ({role}), which has been made again since; "
+            f"it is kept as it is: pass --overwrite instead of --resume to remake it from the new one")
+    return True
+
+
+def changed_parents(manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """(role, path) of each artifact parent whose manifest is no longer the one this artifact was made
+    from (the parent was remade since). Data files are not hashed again here: they can be large."""
+    from modelshrink.artifacts import MANIFEST_NAME, sha256_file
+
+    changed = []
+    for parent in manifest.get("parents", []):
+        recorded, path = parent.get("manifest_sha256"), parent.get("path")
+        current = Path(path) / MANIFEST_NAME if path else None
+        if recorded and current is not None and current.is_file() and sha256_file(current) != recorded:
+            changed.append((parent.get("role", "parent"), path))
+    return changed
 
 
 def parent_refs(*roles: tuple[str, str | None]) -> list[dict[str, Any]]:
