@@ -47,6 +47,17 @@ def test_model_mode_and_predictions_mode_agree(saved_models, docs_jsonl, tmp_pat
     assert manifest["kind"] == "eval" and manifest["metrics"]["rouge1"] == metrics["rouge1"]
 
 
+def test_an_eval_artifact_is_scored_again_from_its_predictions(saved_models, docs_jsonl, tmp_path):
+    first, metrics = evaluate(EvalOptions(data=str(docs_jsonl), model=str(saved_models["bart"]), device="cpu",
+                                          latency_docs=0, batch_size=4), tmp_path / "first")
+    result = invoke("eval", first, "-o", tmp_path / "again", "--against", first, "--json", "--quiet")
+    assert result.exit_code == 0, result.output
+    again = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [again[k] for k in ("rouge1", "rouge2", "rougeL")] == [metrics[k] for k in ("rouge1", "rouge2", "rougeL")]
+    assert again["against"]["p"]["rouge1"] == 1.0 and again["against"]["delta"]["rouge1"] == 0.0
+    assert read_manifest(tmp_path / "again")["options"]["data"] == str(first / "predictions.jsonl")
+
+
 def test_pseudolabel_artifact_is_scored_summary_against_reference(saved_models, docs_jsonl, tmp_path):
     from modelshrink.pseudolabel import PseudolabelOptions, pseudolabel
 

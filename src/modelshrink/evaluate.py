@@ -10,12 +10,13 @@ metrics.json, predictions.jsonl (with per-document scores) and modelshrink.json.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from modelshrink.artifacts import RUN_FILE, ArtifactWriter, parent_ref
+from modelshrink.artifacts import RUN_FILE, ArtifactWriter, parent_ref, read_manifest
 from modelshrink.data import open_data
 from modelshrink.errors import UserError
 from modelshrink.inference import generate_summaries, predict_labels
@@ -48,6 +49,15 @@ def _check_task_options(task: str, options: EvalOptions, what: str) -> None:
             raise UserError(f"{flag} applies to {kind}, but {what} is a {task} task")
 
 
+def _predictions_of_eval_artifact(options: EvalOptions) -> EvalOptions:
+    """Scoring an eval artifact (no model) scores its predictions.jsonl: re-test a finished evaluation
+    against another one without generating again."""
+    folder = Path(options.data)
+    if options.model is None and folder.is_dir() and (read_manifest(folder) or {}).get("kind") == "eval":
+        return dataclasses.replace(options, data=str(folder / "predictions.jsonl"))
+    return options
+
+
 def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,
              progress: ProgressFn | None = None, log: LogFn = lambda m: None) -> tuple[Path, dict[str, Any]]:
     """Score a model on data, or predictions on disk; write an eval artifact. Returns (path, metrics).
@@ -62,6 +72,7 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
     from modelshrink.runs import finished, open_run
 
     output = Path(output)
+    options = _predictions_of_eval_artifact(options)
     if (output / "metrics.json").is_file() and finished(output, overwrite=overwrite, resume=resume, log=log):
         return output, json.loads((output / "metrics.json").read_text())
     launch = shards.launch(options.device)
