@@ -8,7 +8,8 @@
 #            (decoder layers 0, 3, 5) by distillation-aware quantization on the gold training pairs:
 #            task cross-entropy + MSE on logits, attention (the student's before dropout) and hidden
 #            states, the float teacher teaching
-#   eval     every model on VALID_DOCS validation documents, against the float teacher (paired test)
+#   eval     every model on VALID_DOCS validation documents, against the float teacher (paired test);
+#            then distillation-aware against direct and 6-3 against 6-6 (paired tests of those scores)
 #   table    the table as markdown: bytes on disk and compression as stored (ternary at 1.6 bits) and
 #            as the paper counts it (2 bits a weight), ROUGE with 95% intervals
 #
@@ -78,6 +79,13 @@ if [[ $stages == *eval* ]]; then
       --reference-size "$teacher" --against "$dq/eval-float" >/dev/null
   done
   settle
+  # the paper's claims are comparisons between rows: distillation-aware against direct, fewer decoder
+  # layers against all six; each re-tests two finished evaluations' predictions (nothing is generated)
+  for pair in 888-6-6:888-direct 228-6-6:228-direct 228-6-3:228-6-6; do
+    a=${pair%%:*} b=${pair##*:}
+    [[ -f $dq/eval-$a-vs-$b/metrics.json ]] ||
+      $launch eval "$dq/eval-$a" -o "$dq/eval-$a-vs-$b" --against "$dq/eval-$b" --overwrite --quiet >/dev/null
+  done
 fi
 
 if [[ $stages == *table* ]]; then

@@ -130,6 +130,7 @@ def plate(runs: Path, figures: Path) -> None:
 DQ_ROWS = [("float", "32-32-32 6-6 (the teacher)"), ("888-direct", "8-8-8 6-6, direct"),
            ("228-direct", "2-2-8 6-6, direct"), ("888-6-6", "8-8-8 6-6, distillation-aware"),
            ("228-6-6", "2-2-8 6-6, distillation-aware"), ("228-6-3", "2-2-8 6-3, distillation-aware")]
+DQ_PAIRS = [("888-6-6", "888-direct"), ("228-6-6", "228-direct"), ("228-6-3", "228-6-6")]  # recipe's eval-A-vs-B
 
 
 def dqbart(runs: Path, figures: Path) -> None:
@@ -153,6 +154,14 @@ def dqbart(runs: Path, figures: Path) -> None:
               f"{float_bytes / nominal:.1f}× | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | "
               f"{_rouge(m, 'rougeL')} | {ps} |")
         points.append((key, stored, m["rougeL"]))
+    pairs = [(a, b, _json(folder / f"eval-{a}-vs-{b}" / "metrics.json")) for a, b in DQ_PAIRS]
+    if any(m for _, _, m in pairs):
+        print("\n| compared | Δ R-1 (p) | Δ R-2 (p) | Δ R-L (p) |\n|---|---|---|---|")
+        names = dict(DQ_ROWS)
+        for a, b, m in pairs:
+            if m is not None:
+                ps = " | ".join(_delta_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
+                print(f"| {names[a]} against {names[b]} | {ps} |")
     try:
         from modelshrink.figures import quality_vs_footprint
 

@@ -121,8 +121,9 @@ def test_the_seq2seq_recipes_run_every_step_once_and_evaluate_the_reference_firs
                                                      for n in students if (kind, n) != ("labels", "gold")]
     else:
         models = ["888-direct", "228-direct", "888-6-6", "228-6-6", "228-6-3"]
+        pairs = ["888-6-6-vs-888-direct", "228-6-6-vs-228-direct", "228-6-3-vs-228-6-6"]
         expected = ([("quantize", f"dq-bart/{n}") for n in models]
-                    + [("eval", f"dq-bart/eval-{n}") for n in ["float", *models]])
+                    + [("eval", f"dq-bart/eval-{n}") for n in ["float", *models, *pairs]])
         reference, parallel = "dq-bart/eval-float", [f"dq-bart/{n}" for n in models[2:]]
     assert sorted((cmd, path) for cmd, path, _ in started) == sorted(expected)
     # every model that trains checkpoints, so that a rerun continues it instead of starting over
@@ -137,6 +138,9 @@ def test_the_seq2seq_recipes_run_every_step_once_and_evaluate_the_reference_firs
     for _, path in expected:
         if "/eval-" in path and path != reference:
             assert events.index(("start", path)) > ends_reference, path
+    if not plate:  # the paired tests between rows re-score finished evaluations, after all of them
+        last_eval = max(events.index(("end", f"dq-bart/eval-{n}")) for n in models)
+        assert min(events.index(("start", f"dq-bart/eval-{p}")) for p in pairs) > last_eval
 
 
 @pytest.mark.parametrize("recipe", ["plate-debian.sh", "dq-bart-debian.sh"])
