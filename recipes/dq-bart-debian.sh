@@ -15,9 +15,9 @@
 #
 #   SCALE=small  STEPS=300 training steps of a 3,072-token budget (~31 pairs) at lr 1e-4 per
 #                distillation-aware model, VALID_DOCS=1000; about three hours on 2 CPU cores after the
-#                teacher (JOBS=2; measured: 16 to 19 s a step on one thread beside another job, 80 to 95
-#                minutes a model, three models in two rounds, then evaluations of about 6 minutes each),
-#                so it continues over sessions.
+#                teacher (JOBS=2; measured: 13 to 20 s a step, median 15 to 17, on one thread beside another
+#                job, 75 to 90 minutes a model, three models in two rounds, then evaluations of about 6
+#                minutes each), so it continues over sessions.
 #   SCALE=paper  the paper's schedule: 10 epochs (quantization only) or 20 (quantization + fewer
 #                layers), batch 128, lr 3e-5, 5% warmup, best checkpoint by ROUGE-L on validation; the
 #                whole validation set. For GPUs: LAUNCH="accelerate launch -m modelshrink".
