@@ -2,7 +2,7 @@
 
 - transformers.js in Node loads a `--layout transformers.js` folder (tests/js/generate.mjs; install with
   `npm ci --prefix tests/js --ignore-scripts`): bart and t5 (float32; bart --int8, t5 --int4, 2-2-8 and 8-8-8
-  quantize artifacts) and a classifier;
+  quantize artifacts, their kernels chosen by measurement) and a classifier;
 - Optimum's ORTModelForSeq2SeqLM loads the default layout (tests/optimum/generate.py): bart, t5, bert2bert and a
   classifier. optimum-onnx 0.1 needs transformers < 4.58, so it runs in the interpreter that MODELSHRINK_OPTIMUM_PYTHON
   names; there the runtime also loads Optimum's own exports.
@@ -187,10 +187,11 @@ def test_transformers_js_generates_the_runtimes_tokens(transformers_js, exported
 
 
 def test_transformers_js_runs_8_bit_quantize_artifacts_as_they_are(transformers_js, exported):
-    # their int8 weights are scaled by Cast and Mul, not DequantizeLinear: onnxruntime's QDQ rewrite (Node 1.30 as
-    # Python 1.32) failed to load those with "TransposeDQWeightsForMatMulNBits Missing required weight"
+    # their 8-bit codes are unpacked by constant nodes that onnxruntime folds when it loads the graph (not
+    # DequantizeLinear: onnxruntime's QDQ rewrite, Node 1.30 as Python 1.32, failed to load those with
+    # "TransposeDQWeightsForMatMulNBits Missing required weight")
     folder = exported("bart-8-8-8", "transformers.js")
-    assert (folder / "onnx" / "encoder_model_int8.onnx").is_file()
+    assert (folder / "onnx" / "encoder_model_quantized.onnx").is_file()
     got = _node(transformers_js, folder, {"documents": DOCS, "searches": SEARCHES})
     assert [got["input_ids"], got["generated"]] == list(_runtime_tokens(folder, SEARCHES))
 
@@ -228,7 +229,7 @@ def _optimum(python: str, request: dict) -> dict:
 
 @pytest.mark.parametrize("model", ["bart", "t5", "bert2bert", "bart-2-2-8", "bart-8-8-8"])
 def test_optimum_generates_the_runtimes_tokens(optimum_python, exported, plain_models, model):
-    folder = exported(model)  # quantize artifacts: 4-bit codes (2-2-8), int8 scaled by Cast and Mul (8-8-8)
+    folder = exported(model)  # quantize artifacts: 2-bit codes (2-2-8), 8-bit codes (8-8-8)
     searches = [*SEARCHES, {"num_beams": 2, "max_length": 12}]
     ids, expected = _runtime_tokens(folder, searches)
     got = _optimum(optimum_python, {"folder": str(folder), "input_ids": ids, "searches": searches})

@@ -1,4 +1,5 @@
-"""`modelshrink export --int4`: MatMulNBits weights that onnxruntime reads as we pack them; validated; bad input."""
+"""`modelshrink export --int4`: MatMulNBits weights that onnxruntime reads as we pack them (or a float matmul on them
+unpacked at load); validated; bad input."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ FAST = ["--samples", "3", "--generation-docs", "2"]
 def int4_exports(plain_models, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("int4")
     for family in ("bart", "t5"):
-        result = runner.invoke(app, ["export", str(plain_models[family]), "-o", str(root / family), "--int4", *FAST])
+        result = runner.invoke(app, ["export", str(plain_models[family]), "-o", str(root / family), "--int4",
+                                     "--kernel", "nbits", *FAST])
         assert result.exit_code == 0, result.output  # the check passes at the stated int4 tolerance
     return {family: root / family for family in ("bart", "t5")}
 
@@ -59,7 +61,7 @@ def test_int4_export_stores_matmul_weights_in_four_bits_and_runs(int4_exports, f
             assert {n.input[0] for n in lookups} & {n.input[1] for n in int4}
         for weight in {tuple(n.input[1:4]): n for n in int4}.values():
             attrs = {a.name: a.i for a in weight.attribute}
-            assert attrs["bits"] == 4 and attrs["block_size"] == 32
+            assert attrs["bits"] == 4 and attrs["block_size"] == 32 and attrs["accuracy_level"] == 4
             float_bytes += attrs["K"] * attrs["N"] * 4
             packed_bytes += sum(inits[i].nbytes for i in weight.input[1:4])
     assert 4 < float_bytes / packed_bytes < 8  # 4 bits a weight, plus a scale and a zero point a block
@@ -85,13 +87,15 @@ def _reference_rtn(weight: np.ndarray, block: int) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("k, block", [(40, 16), (64, 32), (100, 128)])
-def test_packing_round_trips_and_onnxruntime_reads_it_the_same(tmp_path, k, block):
+@pytest.mark.parametrize("k, block, kernel", [(40, 16, "nbits"), (64, 32, "float"), (100, 128, "nbits"),
+                                              (100, 128, "float")])
+def test_packing_round_trips_and_onnxruntime_reads_it_the_same(tmp_path, k, block, kernel):
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     from modelshrink.onnx.int4 import dequantize, pack, quantize_blocks, quantize_int4
+    from modelshrink.onnx.kernels import KernelChoice
 
     rng = np.random.default_rng(k)
     weight = rng.standard_normal((k, 24)).astype(np.float32)
@@ -104,10 +108,15 @@ def test_packing_round_trips_and_onnxruntime_reads_it_the_same(tmp_path, k, bloc
                               initializer=[numpy_helper.from_array(weight, "w")])
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
-    assert quantize_int4(path, block)["int4_matmuls"] == 1
+    done = quantize_int4(path, block, KernelChoice("model.onnx", kernel))
+    assert done["int4_matmuls"] == 1 and done["int4_kernels"] == {kernel: 1}
     a = rng.standard_normal((2, 3, k)).astype(np.float32)
     got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
-    assert np.allclose(got, a @ unpacked, atol=1e-4)
+    exact = a @ unpacked
+    if kernel == "float":  # the weight itself, unpacked when the session loads
+        assert np.allclose(got, exact, atol=1e-4)
+    else:  # activations rounded to int8 per block: well under 2% of the product
+        assert np.sqrt(((got - exact) ** 2).mean() / (exact ** 2).mean()) < 0.02
 
 
 def _refused(args: list[str], out: Path, message: str) -> None:
@@ -135,7 +144,7 @@ def test_float_embeddings_on_request(plain_models, tmp_path):
 
     out = tmp_path / "e"
     result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(out), "--int4", "--no-int4-embeddings",
-                                 *FAST])
+                                 "--kernel", "nbits", *FAST])
     assert result.exit_code == 0, result.output
     resolved = read_manifest(out)["resolved"]["int4"]
     assert resolved["embeddings"] == "float32" and not any(resolved["tables_converted"].values())

@@ -25,6 +25,7 @@ from modelshrink.onnx.compress import compact_quantized, keep_low_bits, quantize
 from modelshrink.onnx.fuse import fuse_decoder_with_past
 from modelshrink.onnx.graphs import export_classifier, export_seq2seq, parameter_count, use_eager_attention
 from modelshrink.onnx.int4 import quantize_int4
+from modelshrink.onnx.kernels import KernelChoice
 from modelshrink.onnx.layout import apply_layout, check_layout
 from modelshrink.onnx.merge import merge_decoders, store_tied_once
 from modelshrink.onnx.validate import FLOAT_ATOL, INT4_RTOL, INT8_RTOL, QUANTIZED_RTOL, ExportCheckFailed, validate
@@ -105,19 +106,22 @@ def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions,
         thresholds = {1 if b == 2 else 2 ** (b - 1) - 1 for b in (quantized["weight_bits"],
                                                                   quantized["embedding_bits"])}
         for name in graphs:
-            storage[name] = keep_low_bits(folder / name, thresholds)
+            storage[name] = keep_low_bits(folder / name, thresholds, _kernels(name, options))
             storage[name].update(compact_quantized(folder / name, thresholds))
             log(f"{name}: {storage[name]['low_bit_matmuls']} matmuls and {storage[name]['low_bit_tables']} tables "
-                f"in 4-bit codes, {storage[name]['int8_initializers']} weights in int8")
+                f"in their own bits ({_kernel_counts(storage[name]['low_bit_kernels'])}), "
+                f"{storage[name]['int8_initializers']} other weights in int8")
     if options.int8:
         for name in graphs:
             log(f"int8: dynamic quantization of {name}")
             quantize_int8(folder / name, options.per_channel)
     if options.int4:
         for name in graphs:
-            storage[name] = quantize_int4(folder / name, options.int4_block_size, options.int4_embeddings)
+            storage[name] = quantize_int4(folder / name, options.int4_block_size, _kernels(name, options),
+                                          options.int4_embeddings)
             log(f"int4: {storage[name]['int4_matmuls']} matmuls and {storage[name]['int4_tables']} embedding tables "
-                f"of {name} in 4 bits (block {options.int4_block_size})")
+                f"of {name} in 4 bits (block {options.int4_block_size}; "
+                f"{_kernel_counts(storage[name]['int4_kernels'])})")
     if kind == "seq2seq":  # cross-attention keys and values once per document, not per beam (onnx/fuse.py)
         storage["fused"] = fuse_decoder_with_past(folder / DECODER_WITH_PAST)
     if kind == "seq2seq" and options.merge:
@@ -131,6 +135,16 @@ def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions,
             if tied["tied"]:
                 storage.setdefault(name, {}).update(tied)
     return graphs, storage
+
+
+def _kernels(graph: str, options: ExportOptions) -> KernelChoice:
+    """The kernel choice for one graph: the decoder steps share their weights with the first step (merged into one
+    graph), so every decoder graph is measured at a decoder step's rows."""
+    return KernelChoice(graph, options.kernel, available=lowbit.available_kernels())
+
+
+def _kernel_counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} on {kernel}" for kernel, n in sorted(counts.items())) or "no matmul"
 
 
 def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool = False,
@@ -148,10 +162,13 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     if quantized and options.int4:
         raise UserError(f"--int4 applies to float models: {options.model} is a quantize artifact "
                         f"({quantized['bits']}), and exporting a quantized artifact keeps its own bits")
-    if options.int4:
-        lowbit.require_support("--int4")
-    elif quantized and not options.int8 and min(quantized["weight_bits"], quantized["embedding_bits"]) <= 4:
-        lowbit.require_support(f"exporting a {quantized['bits']} artifact (4-bit codes)")
+    if options.kernel != "auto" and not (options.int4 or quantized):
+        raise UserError(f"--kernel applies to low-bit weights: {options.model} is a float model; add --int4, or export "
+                        "a quantize artifact")
+    if options.int4 or (quantized and not options.int8):
+        what = "--int4" if options.int4 else f"exporting a {quantized['bits']} artifact"
+        lowbit.require_support(what, {lowbit.FLOAT} if options.kernel == "auto" else {options.kernel},
+                               avoid="--int8" if options.kernel in ("auto", "float") else "--kernel float")
     max_source_length = source_length(options.max_source_length, tokenizer, model.config)
     texts = _sample_texts(options, tokenizer, max(options.samples, 2))
     enc = dict(tokenizer(texts[:2], truncation=True, max_length=max_source_length, padding=True, return_tensors="pt"))
@@ -167,7 +184,7 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
         graphs = apply_layout(folder, graphs, options.layout, weights)
         resolved = {"kind": kind, "graphs": graphs, "layout": options.layout, "max_source_length": max_source_length,
                     "quantized_artifact": quantized["bits"] if quantized else None,
-                    "weights": weights,
+                    "weights": weights, "contrib_ops": contrib_ops(folder, graphs),
                     # packed initializers hold two codes a byte: count the weights, not the bytes
                     "parameters": parameter_count(folder, graphs) + sum(
                         s.get(f"{p}_values", 0) - s.get(f"{p}_stored_values", 0) for n, s in storage.items()
@@ -190,7 +207,8 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
             atol = options.atol if options.atol is not None else (None if rtol else FLOAT_ATOL)
             log(f"validating against PyTorch on {len(texts)} documents")
             check = validate(model, tokenizer, folder, kind, texts, max_source_length, atol=atol, rtol=rtol,
-                             rms=options.int8 or options.int4, generation_docs=options.generation_docs, log=log)
+                             rms=options.int8 or options.int4 or bool(quantized), generation_docs=options.generation_docs,
+                             log=log)
             report["validation"] = check
             failure = check.get("failure")
         (folder / "export_report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -208,16 +226,37 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     return path, report
 
 
+def contrib_ops(folder: Path, graphs: list[str]) -> list[str]:
+    """The com.microsoft ops the graphs use: what the runtime checks its onnxruntime for before loading them."""
+    import onnx
+
+    found: set[str] = set()
+
+    def visit(graph: Any) -> None:
+        for node in graph.node:
+            if node.domain == lowbit.DOMAIN:
+                found.add(node.op_type)
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    visit(sub)
+
+    for name in graphs:
+        visit(onnx.load(str(folder / name), load_external_data=False).graph)
+    return sorted(found)
+
+
 def _weights(options: ExportOptions, quantized: dict[str, Any] | None, storage: dict[str, Any]) -> str:
     """How the graphs store their weights, as modelshrink.json records it for the runtime and readers."""
     if options.int8:
         return "int8 (onnxruntime dynamic)"
     if options.int4:
-        return "int4 (MatMulNBits)"
+        return "int4 (MatMulNBits, or float matmuls unpacked at load)"  # layout.DTYPES reads the prefix
     if quantized is None:
         return "float32"
-    if any(s.get("low_bit_values") for s in storage.values()):
-        return "quantized: 4-bit codes (MatMulNBits, GatherBlockQuantized)" + (
+    widths = sorted({bits for s in storage.values() for bits in s.get("low_bit_widths", [])})
+    if widths:
+        return (f"quantized: {' and '.join(map(str, widths))}-bit codes (MatMulNBits, DynamicQuantizeMatMul or float "
+                "matmuls; GatherBlockQuantized)") + (
             " + " + INT8_SCALED if any(s.get("int8_initializers") for s in storage.values()) else "")
     return INT8_SCALED
 

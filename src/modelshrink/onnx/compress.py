@@ -2,12 +2,12 @@
 
 A `quantize` artifact's weights are α·b with integer b (ternary, or |b| <= 2^(bits-1) - 1), found by value in
 the traced graphs (the exporter renames and transposes linear weights, but it keeps their values exactly):
-- `keep_low_bits`: b of 2-4 bits as 4-bit codes that onnxruntime reads itself (`modelshrink.onnx.lowbit`:
-  MatMulNBits for matmul weights, GatherBlockQuantized for embedding tables, a tied output projection sharing
-  its table's codes), so a ternary model stays at about half a byte a weight and computes exactly α·b;
-- `compact_quantized`: the rest (5-8 bits, or a weight no such op reads) as int8 with a Cast and a Mul by its
-  scale (per tensor, row or column), which onnxruntime folds into a float weight on load; about 4x smaller
-  than float32.
+- `keep_low_bits`: matmul weights and embedding tables as codes of their own width (ternary in 2 bits, 3-4-bit
+  weights in 4, 5-8-bit weights in 8; `modelshrink.onnx.lowbit`), a tied output projection sharing its table's
+  codes, each matmul computing with the integer kernel measured fastest for it (`modelshrink.onnx.kernels`),
+  which rounds the activations itself;
+- `compact_quantized`: the rest (a weight no such op reads) as int8 with a Cast and a Mul by its scale (per
+  tensor, row or column), which onnxruntime folds into a float weight on load; about 4x smaller than float32.
 - `quantize_int8` (`--int8`): onnxruntime's dynamic quantization (8-bit weights with one scale per output
   column, integer matmuls with activations quantized on the fly), then `quantize_embeddings`: embedding
   tables in int8 with a scale per row. See `quantize_int8` for the choices and what they measured.
@@ -16,49 +16,153 @@ the traced graphs (the exporter renames and transposes linear weights, but it ke
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from modelshrink.onnx import lowbit
+from modelshrink.onnx import kernels, lowbit
+from modelshrink.onnx.kernels import KernelChoice
 
 
-
-def keep_low_bits(path: Path, thresholds: set[int]) -> dict[str, int]:
-    """Rewrite the graph at `path`: every matmul weight and embedding table that is α·b with |b| <= 7 (one α per
-    tensor, per output column of a matmul, or per row of a table) becomes 4-bit codes b + 8 under the ops'
-    default zero point, read by MatMulNBits / GatherBlockQuantized; a table and its tied projection share one
-    copy. Returns what was kept in 4 bits."""
+def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice) -> dict[str, Any]:
+    """Rewrite the graph at `path`: every matmul weight and embedding table that is α·b with integer b (one α per
+    tensor, per output column of a matmul, or per row of a table) is stored as codes of its own width (ternary
+    2 bits, 3-4-bit weights 4, 5-8-bit weights 8; a table and its tied projection share one copy) and computes
+    with the kernel `choice` measures fastest for it (`modelshrink.onnx.kernels`). Where that kernel rounds the
+    activations itself (MatMulNBits at accuracy level 4, the uint8 kernel), the graph's own rounding of the
+    matmul's input, which the quantized model's tracing wrote, is taken out. Returns what was stored and how."""
     import onnx
     from onnx import numpy_helper
 
-    low = {th for th in thresholds if th <= 7}
     model = onnx.load(str(path))
     graph = lowbit.LowBitGraph(model)
-    if not low:
-        return {"low_bit_matmuls": 0, "low_bit_tables": 0, **graph.summary("low_bit")}
     pairs = lowbit.transposed_pairs(graph)
     inits = {i.name: i for i in model.graph.initializer}
     matmuls = tables = 0
     done: set[str] = set()
     for init in [i for i in model.graph.initializer if graph.gather_table(i)]:
-        found = _integer_form(numpy_helper.to_array(init), low)
+        found = _integer_form(numpy_helper.to_array(init), thresholds)
         size = lowbit.block_size_for(init.dims[1])
         if found is None or size is None or (found[1].ndim and found[2] != 0):
             continue  # one α per row of the table (or for all): the blocks of its transpose, one column a row
         b, scale, _ = found
+        options = kernels.candidates_for(_threshold(b, thresholds))
         tied = [inits[name] for name in pairs.get(init.name, [])]
-        matmuls += graph.as_tied(init, tied, lowbit.integer_blocks(b.T, scale, 4, size))
+        kernel, bits = choice.choose(b.shape[1], b.shape[0], options, size) if tied else options[-1]
+        matmuls += graph.as_tied(init, tied, lowbit.integer_blocks(b.T, scale, bits, size), kernel)
         done.update(name for name in pairs.get(init.name, []))
         tables += 1
-    for init in [i for i in model.graph.initializer if graph.matmul_weight(i) and i.name not in done]:
-        found = _integer_form(numpy_helper.to_array(init), low)
+    for init in [i for i in model.graph.initializer if i.name not in done and graph.matmul_weight(i)]:
+        found = _integer_form(numpy_helper.to_array(init), thresholds)
         if found is not None and (not found[1].ndim or found[2] == 1):  # one α per output column (or for all)
             b, scale, _ = found
             size = lowbit.block_size_for(b.shape[0]) or 16
-            matmuls += graph.as_matmul(init, lowbit.integer_blocks(b, scale, 4, size))
+            kernel, bits = choice.choose(*b.shape, kernels.candidates_for(_threshold(b, thresholds)), size)
+            matmuls += graph.as_matmul(init, lowbit.integer_blocks(b, scale, bits, size), kernel=kernel)
     graph.finish()
+    unrounded = take_out_rounding(model.graph, graph.integer_nodes)
+    shortened = shorten_rounding(model.graph)
     onnx.save(model, str(path))
-    return {"low_bit_matmuls": matmuls, "low_bit_tables": tables, **graph.summary("low_bit")}
+    return {"low_bit_matmuls": matmuls, "low_bit_tables": tables, "inputs_unrounded": unrounded,
+            "roundings_shortened": shortened,
+            "kernels": choice.report(), **graph.summary("low_bit")}
+
+
+def _threshold(b: np.ndarray, thresholds: set[int]) -> int:
+    """The smallest threshold that holds b: what its quantization's bits allow."""
+    peak = int(np.abs(b).max()) if b.size else 0
+    return min(th for th in thresholds if th >= peak)
+
+
+def take_out_rounding(graph: Any, nodes: list[Any]) -> int:
+    """For each of `nodes` whose input A is the quantized model's straight-through rounding of x
+    (`_straight_through`), read x itself: the integer kernel rounds it. Nodes left unread are removed. Returns the
+    inputs changed."""
+    producers = {out: node for node in graph.node for out in node.output}
+    changed = 0
+    for node in nodes:
+        found = producers.get(node.input[0]) and _straight_through(producers, producers[node.input[0]])
+        if found:
+            node.input[0] = found[0]
+            changed += 1
+    remove_unread(graph)
+    return changed
+
+
+def _straight_through(producers: dict[str, Any], node: Any) -> tuple[str, Any] | None:
+    """(x, the Clip node) where `node` is Add(rounded x, Sub(x, x)), the forward value of the quantized model's
+    `q + (x - x.detach())` with q = clip(round(x / α), -th, th) · α (`modelshrink.quant.quantizers`)."""
+    if node.op_type != "Add":
+        return None
+    for position, other in enumerate(node.input):
+        sub = producers.get(other)
+        if sub is None or sub.op_type != "Sub" or sub.input[0] != sub.input[1]:
+            continue
+        seen, name = 0, node.input[1 - position]
+        while seen < 4 and name in producers:  # Cast (float to float), then Mul(Clip(...), α)
+            step = producers[name]
+            clip = next((producers[i] for i in step.input if i in producers and producers[i].op_type == "Clip"), None)
+            if clip is not None:
+                return sub.input[0], clip
+            name, seen = step.input[0], seen + 1
+    return None
+
+
+def shorten_rounding(graph: Any) -> int:
+    """Each straight-through rounding the tracing wrote (13 nodes: casts of a float to float, a Where for an
+    all-zero tensor, a Clip that round(x / α) never exceeds, Sub(x, x) and an Add of its zero) as the 7 that
+    compute the same values: α = max(max|x|, tiny) / th, round(x / α) · α. A decoder step of a BART-base-shaped
+    model holds about 80 of them, whose every node costs onnxruntime a few microseconds. Returns those rewritten."""
+    from onnx import helper, numpy_helper
+
+    producers = {out: node for node in graph.node for out in node.output}
+    constants = {node.output[0]: numpy_helper.to_array(next(a.t for a in node.attribute if a.name == "value"))
+                 for node in graph.node if node.op_type == "Constant" and any(a.name == "value" for a in node.attribute)}
+    constants.update({init.name: numpy_helper.to_array(init) for init in graph.initializer})
+    tiny = "rounding_tiny"
+    rewritten, new = 0, []
+    for node in list(graph.node):
+        found = _straight_through(producers, node)
+        if found is None or len(found[1].input) < 3 or found[1].input[2] not in constants:
+            continue
+        x, clip = found
+        out, tag = node.output[0], node.output[0] + "_rounding"
+        top = f"rounding_th_{int(constants[clip.input[2]])}"
+        if top not in {i.name for i in graph.initializer}:
+            graph.initializer.append(numpy_helper.from_array(np.array(constants[clip.input[2]], dtype=np.float32), top))
+        new.append((node, [helper.make_node("Abs", [x], [tag + "_abs"], name=tag + "_abs"),
+                           helper.make_node("ReduceMax", [tag + "_abs"], [tag + "_max"], name=tag + "_max", keepdims=0),
+                           helper.make_node("Max", [tag + "_max", tiny], [tag + "_safe"], name=tag + "_safe"),
+                           helper.make_node("Div", [tag + "_safe", top], [tag + "_step"], name=tag + "_step"),
+                           helper.make_node("Div", [x, tag + "_step"], [tag + "_steps"], name=tag + "_steps"),
+                           helper.make_node("Round", [tag + "_steps"], [tag + "_round"], name=tag + "_round"),
+                           helper.make_node("Mul", [tag + "_round", tag + "_step"], [out], name=tag)]))
+        rewritten += 1
+    if rewritten:
+        graph.initializer.append(numpy_helper.from_array(np.array(np.finfo(np.float32).tiny, dtype=np.float32), tiny))
+    for node, replacement in new:
+        at = list(graph.node).index(node)
+        graph.node.remove(node)
+        for offset, extra in enumerate(replacement):
+            graph.node.insert(at + offset, extra)
+    remove_unread(graph)
+    return rewritten
+
+
+def remove_unread(graph: Any) -> None:
+    """Remove the nodes none of whose outputs is read (by a node, a subgraph or the graph's outputs)."""
+    while True:
+        read = {o.name for o in graph.output}
+        for node in graph.node:
+            read.update(node.input)
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    read.update(name for inner in sub.node for name in inner.input)
+        dead = [node for node in graph.node if not any(out in read for out in node.output)]
+        if not dead:
+            return
+        for node in dead:
+            graph.node.remove(node)
 
 
 def compact_quantized(path: Path, thresholds: set[int]) -> dict[str, int]:

@@ -1,8 +1,10 @@
 """`--int4`: matmul weights as block-wise 4-bit codes, run by onnxruntime's `com.microsoft::MatMulNBits`.
 
-Weight-only and round-to-nearest: a float MatMul whose B input is a 2-D initializer [K, N] becomes
-MatMulNBits(A, codes, scales, zero_points), which multiplies A by (code - zero point) * scale in float;
-activations stay float.
+Round-to-nearest weights: a float MatMul whose B input is a 2-D initializer [K, N] becomes
+MatMulNBits(A, codes, scales, zero_points), which multiplies A by (code - zero point) * scale; at accuracy level
+4 it rounds A to int8 per block and multiplies in integers (on this project's 2-core machine 2.4x faster than
+a float MatMul at 4 rows, 1.2x at 64: `modelshrink.onnx.lowbit`). Where a float MatMul on the weight unpacked at
+load measures faster for a graph (`modelshrink.onnx.kernels`), that is used instead; the file is the same size.
 Each column of B is cut along K into blocks of `block_size` values, each with one float scale. The layout
 is the op's (onnxruntime's docs/ContribOperators.md): codes uint8 [N, ceil(K / block_size), block_size / 2],
 two codes a byte, the code of the even k in the low nibble; scales float [N * n_blocks], block-major within
@@ -31,7 +33,9 @@ from typing import Any
 import numpy as np
 
 from modelshrink.onnx import lowbit
+from modelshrink.onnx.kernels import KernelChoice, candidates_for
 
+CANDIDATES = candidates_for(None)  # blocks with their own scales and zero points: MatMulNBits, or float
 BLOCK_SIZES = (16, 32, 64, 128)  # what onnxruntime's CPU kernel accepts at 4 bits (a power of 2, >= 16)
 
 
@@ -75,12 +79,13 @@ def rtn_blocks(weight: np.ndarray, block_size: int) -> lowbit.Blocks:
     return lowbit.Blocks(codes, scales, zero_points, 4, weight.shape[0])
 
 
-def quantize_int4(path: Path, block_size: int, embeddings: bool = True) -> dict[str, Any]:
+def quantize_int4(path: Path, block_size: int, choice: KernelChoice, embeddings: bool = True) -> dict[str, Any]:
     """Rewrite the graph at `path`: embedding tables whose width is a multiple of the block size as
     GatherBlockQuantized (a tied output projection sharing the table's codes), then every other MatMul whose
-    B is a 2-D float initializer as MatMulNBits. An initializer is converted only when every node reading it
-    is such a lookup or MatMul, so no float copy stays behind. Returns what was converted: matmul nodes,
-    tables, weights, and their bytes before and after. `embeddings=False` leaves the tables float32 (their tied
+    B is a 2-D float initializer as 4-bit blocks, each computing with the kernel `choice` measures fastest
+    (MatMulNBits with int8 activations, or a float MatMul on the weight unpacked at load). An initializer is
+    converted only when every node reading it is such a lookup or MatMul, so no float copy stays behind.
+    Returns what was converted: matmul nodes, tables, weights, their bytes before and after, the kernels. `embeddings=False` leaves the tables float32 (their tied
     projections are then 4-bit matmul weights of their own)."""
     import onnx
     from onnx import numpy_helper
@@ -94,14 +99,17 @@ def quantize_int4(path: Path, block_size: int, embeddings: bool = True) -> dict[
     tables_found = [i for i in model.graph.initializer if graph.gather_table(i) and i.dims[1] % block_size == 0]
     for init in tables_found if embeddings else []:
         tied = [inits[name] for name in pairs.get(init.name, [])]
-        nodes += graph.as_tied(init, tied, rtn_blocks(numpy_helper.to_array(init).T, block_size))
+        kernel = choice.choose(init.dims[1], init.dims[0], CANDIDATES, block_size, zero_points=True)[0]
+        nodes += graph.as_tied(init, tied, rtn_blocks(numpy_helper.to_array(init).T, block_size), kernel)
         done.update(t.name for t in tied)
         tables += 1
         weights += 1 + len(tied)
-    for init in [i for i in model.graph.initializer if graph.matmul_weight(i) and i.name not in done]:
-        nodes += graph.as_matmul(init, rtn_blocks(numpy_helper.to_array(init), block_size))
+    for init in [i for i in model.graph.initializer if i.name not in done and graph.matmul_weight(i)]:
+        kernel = choice.choose(*init.dims, CANDIDATES, block_size, zero_points=True)[0]
+        nodes += graph.as_matmul(init, rtn_blocks(numpy_helper.to_array(init), block_size), kernel=kernel)
         weights += 1
     graph.finish()
     onnx.save(model, str(path))
     summary = graph.summary("int4")
-    return {"int4_matmuls": nodes, "int4_tables": tables, "int4_weights": weights, **summary}
+    return {"int4_matmuls": nodes, "int4_tables": tables, "int4_weights": weights, "kernels": choice.report(),
+            **summary}

@@ -28,8 +28,8 @@ LAYOUTS = ("optimum", "transformers.js")
 # those we export; bart and t5 are tested (tests/test_clients.py). Every classifier type we export is there too.
 TRANSFORMERS_JS_SEQ2SEQ = ("bart", "mbart", "marian", "t5", "mt5")
 # modelshrink.json's resolved "weights" (see modelshrink.export._weights) -> transformers.js's dtype of the graphs
-DTYPES = {"float32": "fp32", "int8 (onnxruntime dynamic)": "q8", "int4 (MatMulNBits)": "q4",
-          "quantized: 4-bit codes": "q4", INT8_SCALED: "int8", DEQUANTIZED: "int8"}
+DTYPES = {"float32": "fp32", "int8 (onnxruntime dynamic)": "q8", "int4 (": "q4", "quantized: 2": "q4",
+          "quantized: 3": "q4", "quantized: 4": "q4", "quantized: 8": "q8", INT8_SCALED: "int8", DEQUANTIZED: "int8"}
 
 
 def check_layout(layout: str, kind: str, config: Any, merge: bool) -> None:

@@ -17,11 +17,28 @@ one packed copy; the lookup's [..., n_blocks, block_size] is reshaped to [..., D
 [V, n_blocks] through a Reshape to [V, n_blocks, 1] (MatMulNBits accepts only [N · n_blocks] or
 [N, n_blocks]); its zero points, where there are any, are stored once more, one a byte (a small tensor).
 
-Measured on this project's 2-core machine (onnxruntime 1.32, CPU, K 768, N 3072, block 128, 2 threads,
-medians of 30 interleaved runs): at 4 rows float MatMul 0.91 ms, 4-bit MatMulNBits 1.59 ms, 2-bit 15.8 ms,
-8-bit 16.0 ms; at 64 rows 8.4, 9.2, 21.6 and 22.5 ms. Only the 4-bit kernel is fast here (the others
-dequantize the whole weight at every call), so low bits are kept as 4-bit codes: ternary {-1, 0, 1} and
-3-4-bit integers are held exactly, at half a byte a weight.
+How a matmul computes on those codes is chosen per weight (`modelshrink.onnx.kernels` measures the choice):
+- `nbits`: MatMulNBits on the codes, `accuracy_level` 4: the activations are rounded to int8 per block of K
+  and multiplied in integers;
+- `int8`: DynamicQuantizeMatMul (the kernel of `--int8`: activations rounded to uint8 per tensor, u8 x u8
+  products) on the codes as uint8 b + 128, one scale per output column; only for symmetric weights with one
+  scale per column (a `quantize` artifact's), which it then holds exactly;
+- `float`: a plain MatMul on the float weight.
+For `int8` and `float` the graph unpacks the codes with constant ops (BitShift, Sub, Cast, Mul, Reshape, Slice,
+Transpose) that onnxruntime folds into one initializer when the session loads: the file keeps the low bits,
+memory holds the weight the kernel reads.
+
+Measured on this project's 2-core machine (onnxruntime 1.32, CPU, AVX2 without VNNI, K 768, N 3072, 1 thread,
+ms, medians of 15 interleaved runs; block 128):
+
+| rows | float MatMul | 2-bit acc 0 | 2-bit acc 4 | 4-bit acc 0 | 4-bit acc 4 | 8-bit acc 4 | int8 (u8 x u8) |
+|---|---|---|---|---|---|---|---|
+| 4 | 1.07 | 11.1 | 0.66 | 1.51 | 0.45 | 0.84 | 0.46 |
+| 64 | 4.41 | 11.1 | 4.57 | 4.55 | 3.74 | 5.63 | 2.76 |
+| 256 | 15.1 | 22.7 | 17.7 | 15.5 | 14.0 | 21.1 | 10.2 |
+
+At accuracy level 0 (activations float) the 2- and 8-bit kernels dequantize the whole weight at every call;
+level 4 makes every width fast, and the uint8 kernel is the fastest from a few rows on.
 """
 
 from __future__ import annotations
@@ -33,26 +50,45 @@ import numpy as np
 
 DOMAIN = "com.microsoft"
 MAX_BLOCK = 256  # onnxruntime's 2-bit kernel refuses larger blocks; the others are no faster with them
+NBITS, INT8, FLOAT = "nbits", "int8", "float"  # how a matmul computes on stored codes (see the module's text)
+KERNELS = (NBITS, INT8, FLOAT)
+ACCURACY_INT8 = 4  # MatMulNBits' accuracy_level: activations rounded to int8 per block, integer products
 
 
-def require_support(what: str) -> None:
-    """A one-line UserError where the installed onnxruntime lacks the ops (or their `bits` attribute) that
-    hold 4-bit codes: the export could neither validate its graphs nor would they run."""
-    import onnxruntime
-
-    from modelshrink.errors import UserError
-
+def missing_ops(kernels: set[str] | frozenset[str] = frozenset(KERNELS)) -> list[str]:
+    """The com.microsoft ops (or attributes) that the low-bit graphs computing with `kernels` need and the
+    installed onnxruntime lacks; [] where it has them all, or where the build cannot be asked."""
     try:
         from onnxruntime.capi.onnxruntime_pybind11_state import get_all_operator_schema
 
         schemas = {s.name: s for s in get_all_operator_schema() if s.domain == DOMAIN}
     except ImportError:  # a build without schema queries: its own load error will say what is missing
-        return
-    lacking = [op for op in ("MatMulNBits", "GatherBlockQuantized")
-               if op not in schemas or "bits" not in schemas[op].attributes]
+        return []
+    needed = {"GatherBlockQuantized": ("bits",)}
+    if NBITS in kernels:
+        needed["MatMulNBits"] = ("bits", "accuracy_level")
+    if INT8 in kernels:
+        needed["DynamicQuantizeMatMul"] = ()
+    return [op if op not in schemas else f"{op}'s {attr}" for op, attrs in needed.items()
+            for attr in (attrs if op in schemas else ("",)) if op not in schemas or attr not in schemas[op].attributes]
+
+
+def available_kernels() -> tuple[str, ...]:
+    """The kernels whose ops the installed onnxruntime has."""
+    return tuple(kernel for kernel in KERNELS if not missing_ops({kernel}))
+
+
+def require_support(what: str, kernels: set[str] | frozenset[str] = frozenset(KERNELS), avoid: str = "--int8") -> None:
+    """A one-line UserError where the installed onnxruntime lacks an op (or attribute) that `what` would write:
+    the export could neither validate its graphs nor would they run. `avoid` names the option that does without."""
+    import onnxruntime
+
+    from modelshrink.errors import UserError
+
+    lacking = missing_ops(kernels)
     if lacking:
-        raise UserError(f"{what} needs onnxruntime's {' and '.join(lacking)} with 4-bit codes, which onnxruntime "
-                        f"{onnxruntime.__version__} lacks; upgrade onnxruntime (1.32 is tested), or export with --int8")
+        raise UserError(f"{what} needs onnxruntime's {' and '.join(lacking)}, which onnxruntime "
+                        f"{onnxruntime.__version__} lacks; upgrade onnxruntime (1.32 is tested), or export with {avoid}")
 
 
 def consumers_of(graph: Any) -> dict[str, list[Any]]:
@@ -141,6 +177,12 @@ class LowBitGraph:
         self.added: list[Any] = []
         self.after: list[tuple[Any, list[Any]]] = []  # (node, nodes to insert right after it)
         self.bytes_before = self.bytes_after = 0
+        self.constants: set[str] = set()
+        self.before: list[Any] = []  # constant nodes that unpack codes, folded when a session loads the graph
+        self.unpacked: dict[tuple[str, str], tuple[str, ...]] = {}
+        self.kernels: dict[str, int] = {}  # kernel -> matmul nodes computing with it
+        self.widths: set[int] = set()  # bits of the codes stored
+        self.integer_nodes: list[Any] = []  # the nodes whose kernel rounds its activations to integers itself
         self.values = self.stored_values = 0  # weights the packed tensors represent, and the elements they hold
 
     # ------------------------------------------------------------ which initializers qualify
@@ -179,6 +221,7 @@ class LowBitGraph:
 
     def _packed(self, name: str, blocks: Blocks) -> tuple[str, str, str | None]:
         self.values += blocks.k * blocks.n
+        self.widths.add(blocks.bits)
         codes = self._store(name + "_q", pack(blocks.codes, blocks.bits))
         scales = self._store(name + "_scales", blocks.scales)
         zero = None
@@ -186,18 +229,134 @@ class LowBitGraph:
             zero = self._store(name + "_zero_points", pack(blocks.zero_points, blocks.bits).reshape(-1))
         return codes, scales, zero
 
-    def as_matmul(self, init: Any, blocks: Blocks, packed: tuple[str, str, str | None] | None = None) -> int:
-        """Every MatMul reading `init` becomes MatMulNBits on the packed blocks; returns the nodes changed."""
+    def _load_time(self, name: str, value: np.ndarray) -> str:
+        """A constant the unpacking nodes read, stored once under `name` (not a weight: the parameter count
+        leaves it out)."""
+        from onnx import numpy_helper
+
+        if name not in self.constants:
+            self.constants.add(name)
+            self.added.append(numpy_helper.from_array(value, name))
+            self.bytes_after += value.nbytes
+            self.stored_values += value.size
+        return name
+
+    def _codes_by_row(self, packed: str, bits: int, rows: int, count: int, nodes: list[Any]) -> str:
+        """Nodes for the first `count` codes of each row of a tensor packed `bits` a code row by row (`pack`'s
+        layout), as [rows, count] uint8; code j of a byte is (byte >> bits·j) - ((byte >> bits·(j+1)) << bits),
+        BitShift alone (opset 11)."""
+        from onnx import helper
+
+        flat = self._load_time(f"lowbit_rows_{rows}", np.array([rows, -1], dtype=np.int64))
+        split, per = f"{packed}_by_row", 8 // bits
+        nodes.append(helper.make_node("Reshape", [packed, flat], [split]))
+        if per > 1:
+            last = self._load_time("lowbit_last_axis", np.array([-1], dtype=np.int64))
+            for j in range(per):
+                low = f"{packed}_s{j}"
+                nodes.append(helper.make_node("BitShift", [split, self._load_time(
+                    f"lowbit_shift_{bits * j}", np.array(bits * j, dtype=np.uint8))], [low], direction="RIGHT"))
+                if j + 1 < per:
+                    high, width = (self._load_time(f"lowbit_shift_{v}", np.array(v, dtype=np.uint8))
+                                   for v in (bits * (j + 1), bits))
+                    nodes += [helper.make_node("BitShift", [split, high], [f"{packed}_h{j}"], direction="RIGHT"),
+                              helper.make_node("BitShift", [f"{packed}_h{j}", width], [f"{packed}_hl{j}"],
+                                               direction="LEFT"),
+                              helper.make_node("Sub", [low, f"{packed}_hl{j}"], [f"{packed}_c{j}"])]
+                    low = f"{packed}_c{j}"
+                nodes.append(helper.make_node("Unsqueeze", [low, last], [f"{packed}_u{j}"]))
+            nodes += [helper.make_node("Concat", [f"{packed}_u{j}" for j in range(per)], [f"{packed}_pairs"], axis=-1),
+                      helper.make_node("Reshape", [f"{packed}_pairs", flat], [f"{packed}_unpacked"])]
+            split = f"{packed}_unpacked"
+        return self._slice(split, count, nodes)
+
+    def _slice(self, name: str, count: int, nodes: list[Any]) -> str:
+        """Nodes for name[:, :count]."""
+        from onnx import helper
+
+        start, end, axis = (self._load_time(f"lowbit_{w}_{v}", np.array([v], dtype=np.int64))
+                            for w, v in (("start", 0), ("end", count), ("axis", 1)))
+        nodes.append(helper.make_node("Slice", [name, start, end, axis], [f"{name}_{count}"]))
+        return f"{name}_{count}"
+
+    def _unpacked(self, packed: tuple[str, str, str | None], blocks: Blocks, kernel: str) -> tuple[str, ...]:
+        """Nodes that turn the stored codes into what `kernel` reads, folded by onnxruntime when it loads the graph:
+        INT8: (uint8 b + 128 [K, N], scale per column [N], zero point 128 [N]); FLOAT: (weight [K, N],)."""
+        from onnx import TensorProto, helper
+
+        codes, scales, zero = packed
+        if (codes, kernel) in self.unpacked:
+            return self.unpacked[(codes, kernel)]
+        if any(key[0] == codes for key in self.unpacked):
+            raise ValueError(f"{codes} is already read by another kernel in this graph")
+        n, groups, bits = blocks.n, blocks.scales.shape[1], blocks.bits
+        nodes: list[Any] = []
+        if kernel == INT8:
+            if blocks.zero_points is not None or not np.all(blocks.scales == blocks.scales[:, :1]):
+                raise ValueError("the int8 kernel takes symmetric codes with one scale per column")
+            offset = self._load_time(f"lowbit_to_u8_{bits}", np.array(128 - 2 ** (bits - 1), dtype=np.uint8))
+            first = self._load_time("lowbit_first_block", np.array(0, dtype=np.int64))
+            nodes += [helper.make_node("Add", [self._codes_by_row(codes, bits, n, blocks.k, nodes), offset],
+                                       [f"{codes}_u8_rows"]),
+                      helper.make_node("Transpose", [f"{codes}_u8_rows"], [f"{codes}_u8"], perm=[1, 0]),
+                      helper.make_node("Gather", [scales, first], [f"{codes}_column_scale"], axis=1)]
+            result = (f"{codes}_u8", f"{codes}_column_scale",
+                      self._load_time(f"lowbit_zero_128_{n}", np.full(n, 128, dtype=np.uint8)))
+        elif kernel == FLOAT:  # (code - zero point) · scale, block by block, padding cut off last
+            shape3, scale3 = (self._load_time(f"lowbit_shape_{n}_{groups}_{last}",
+                                              np.array([n, groups, last], dtype=np.int64)) for last in (-1, 1))
+            by_row = self._codes_by_row(codes, bits, n, groups * blocks.block_size, nodes)
+            if zero is not None:
+                nodes += [helper.make_node("Cast", [self._codes_by_row(zero, bits, n, groups, nodes)],
+                                           [f"{codes}_zero_float"], to=TensorProto.FLOAT),
+                          helper.make_node("Reshape", [f"{codes}_zero_float", scale3], [f"{codes}_zero3"])]
+                zeros = f"{codes}_zero3"
+            else:
+                zeros = self._load_time(f"lowbit_zero_{bits}", np.array(2 ** (bits - 1), dtype=np.float32))
+            flat = self._load_time(f"lowbit_rows_{n}", np.array([n, -1], dtype=np.int64))
+            nodes += [helper.make_node("Cast", [by_row], [f"{codes}_float_codes"], to=TensorProto.FLOAT),
+                      helper.make_node("Reshape", [f"{codes}_float_codes", shape3], [f"{codes}_blocks"]),
+                      helper.make_node("Sub", [f"{codes}_blocks", zeros], [f"{codes}_centred"]),
+                      helper.make_node("Reshape", [scales, scale3], [f"{codes}_scales3"]),
+                      helper.make_node("Mul", [f"{codes}_centred", f"{codes}_scales3"], [f"{codes}_values"]),
+                      helper.make_node("Reshape", [f"{codes}_values", flat], [f"{codes}_value_rows"])]
+            nodes.append(helper.make_node("Transpose", [self._slice(f"{codes}_value_rows", blocks.k, nodes)],
+                                          [f"{codes}_float"], perm=[1, 0]))
+            result = (f"{codes}_float",)
+        else:
+            raise ValueError(f"{kernel!r} reads the codes themselves")
+        for node in nodes:
+            node.name = node.output[0]
+        self.before += nodes
+        self.unpacked[(codes, kernel)] = result
+        return result
+
+    def as_matmul(self, init: Any, blocks: Blocks, packed: tuple[str, str, str | None] | None = None,
+                  kernel: str = NBITS) -> int:
+        """Every MatMul reading `init` computes on the packed blocks with `kernel` (NBITS, INT8 or FLOAT, see the
+        module's text); returns the nodes changed."""
         from onnx import helper
 
         self._remove(init)
-        codes, scales, zero = packed or self._packed(init.name, blocks)
+        packed = packed or self._packed(init.name, blocks)
+        codes, scales, zero = packed
         users = self.consumers[init.name]
         for node in users:
-            node.CopyFrom(helper.make_node(
-                "MatMulNBits", [node.input[0], codes, scales] + ([zero] if zero else []), [node.output[0]],
-                name=node.name + "_nbits", domain=DOMAIN, K=blocks.k, N=blocks.n, bits=blocks.bits,
-                block_size=blocks.block_size))
+            if kernel == NBITS:
+                node.CopyFrom(helper.make_node(
+                    "MatMulNBits", [node.input[0], codes, scales] + ([zero] if zero else []), [node.output[0]],
+                    name=node.name + "_nbits", domain=DOMAIN, K=blocks.k, N=blocks.n, bits=blocks.bits,
+                    block_size=blocks.block_size, accuracy_level=ACCURACY_INT8))
+            elif kernel == INT8:
+                node.CopyFrom(helper.make_node("DynamicQuantizeMatMul", [node.input[0], *self._unpacked(
+                    packed, blocks, INT8)], [node.output[0]], name=node.name + "_int8", domain=DOMAIN))
+            elif kernel == FLOAT:
+                node.input[1] = self._unpacked(packed, blocks, FLOAT)[0]
+            else:
+                raise ValueError(f"unknown kernel {kernel!r}; expected one of {KERNELS}")
+            self.kernels[kernel] = self.kernels.get(kernel, 0) + 1
+            if kernel != FLOAT:
+                self.integer_nodes.append(node)
         return len(users)
 
     def as_gather(self, init: Any, blocks: Blocks, packed: tuple[str, str, str | None] | None = None) -> None:
@@ -226,17 +385,18 @@ class LowBitGraph:
                 helper.make_node("Concat", [out + "_ids_shape", width], [out + "_shape"], name=tag + "_shape", axis=0),
                 helper.make_node("Reshape", [out + "_blocks", out + "_shape"], [out], name=tag + "_rows")]))
 
-    def as_tied(self, table: Any, projections: list[Any], blocks: Blocks) -> int:
+    def as_tied(self, table: Any, projections: list[Any], blocks: Blocks, kernel: str = NBITS) -> int:
         """A table and the MatMul weights that are its transpose, stored once; returns the matmuls changed."""
         packed = self._packed(table.name, blocks)
         self.as_gather(table, blocks, packed)
-        return sum(self.as_matmul(init, blocks, packed) for init in projections)
+        return sum(self.as_matmul(init, blocks, packed, kernel) for init in projections)
 
     def summary(self, prefix: str) -> dict[str, int]:
         """What the rewrite stored, for the export report; `values - stored_values` corrects a parameter count
         made from the initializers' element counts (a byte holds two codes)."""
         return {f"{prefix}_bytes_before": int(self.bytes_before), f"{prefix}_bytes_after": int(self.bytes_after),
-                f"{prefix}_values": int(self.values), f"{prefix}_stored_values": int(self.stored_values)}
+                f"{prefix}_values": int(self.values), f"{prefix}_stored_values": int(self.stored_values),
+                f"{prefix}_kernels": dict(self.kernels), f"{prefix}_widths": sorted(self.widths)}
 
     def finish(self) -> None:
         """Swap the initializers and insert the new nodes (each right after the node it follows, so the order
@@ -250,6 +410,8 @@ class LowBitGraph:
             at = list(self.graph.node).index(node) + 1
             for offset, extra in enumerate(after):
                 self.graph.node.insert(at + offset, extra)
+        for offset, node in enumerate(self.before):
+            self.graph.node.insert(offset, node)
         if self.removed and not any(o.domain == DOMAIN for o in self.model.opset_import):
             self.model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
 

@@ -94,6 +94,7 @@ def merge_decoders(folder: Path) -> dict[str, int]:
     past_outputs = {o.name for o in models["past"].graph.output}
     then_branch = branch("past", [n for n in first_outputs if n not in past_outputs])
     else_branch = branch("first", [])
+    constants = _hoist_constants([then_branch, else_branch], set(shared))
     inputs = [outer[name] for name in dict.fromkeys(
         [i.name for i in models["first"].graph.input] + [i.name for i in models["past"].graph.input])]
     flag = helper.make_tensor_value_info("use_cache_branch", onnx.TensorProto.BOOL, [1])
@@ -105,14 +106,47 @@ def merge_decoders(folder: Path) -> dict[str, int]:
         outputs.append(info)
     node = helper.make_node("If", ["use_cache_branch"], first_outputs, name="use_cache_branch_if",
                             then_branch=then_branch, else_branch=else_branch)
-    graph = helper.make_graph([node], "decoder_merged", [*inputs, flag], outputs, initializer=list(shared.values()))
+    graph = helper.make_graph([*constants, node], "decoder_merged", [*inputs, flag], outputs, initializer=list(shared.values()))
     first = models["first"]
     merged = helper.make_model(graph, opset_imports=list(first.opset_import), producer_name="modelshrink",
                                ir_version=first.ir_version)
     onnx.save(merged, str(folder / DECODER_MERGED))
     (folder / DECODER).unlink()
     (folder / DECODER_WITH_PAST).unlink()
-    return {"initializers": total, "shared": total - len(shared)}
+    return {"initializers": total, "shared": total - len(shared), "constant_nodes_hoisted": len(constants)}
+
+
+def _hoist_constants(branches: list[Any], initializers: set[str]) -> list[Any]:
+    """Move the nodes that compute from initializers alone (a tied projection's Transpose, the unpacking of
+    low-bit codes: `modelshrink.onnx.lowbit`) out of the branches into the outer graph, each once: onnxruntime
+    folds them into one constant when it loads the graph, where two branches would fold, and hold, a copy each.
+    Returns the outer graph's nodes, in order."""
+    known, outer = set(initializers), []
+    done: dict[tuple, list[str]] = {}
+    for graph in branches:
+        alias: dict[str, str] = {}
+        kept = []
+        for node in graph.node:
+            inputs = [alias.get(name, name) for name in node.input]
+            del node.input[:]
+            node.input.extend(inputs)
+            if not inputs or not all(name in known for name in inputs) or any(a.g.node or a.graphs
+                                                                             for a in node.attribute):
+                kept.append(node)
+                continue
+            key = (node.domain, node.op_type, tuple(inputs), tuple(a.SerializeToString() for a in node.attribute))
+            if key in done:
+                alias.update(zip(node.output, done[key]))
+                continue
+            done[key] = list(node.output)
+            known.update(node.output)
+            outer.append(node)
+        for output in graph.output:
+            if output.name in alias:  # a branch output computed from weights alone: keep it in the branch
+                raise ValueError(f"branch output {output.name} is a constant")
+        del graph.node[:]
+        graph.node.extend(kept)
+    return outer
 
 
 def store_tied_once(path: Path) -> dict[str, int]:

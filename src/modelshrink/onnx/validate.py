@@ -44,7 +44,7 @@ INT8_RTOL = 0.25
 # codes (onnx/lowbit.py) on a ternary (2-2-8) random BART of base shape: the worst output moved by 0.025 of its
 # largest magnitude (RMS 0.024 of its RMS), and 4 of 4 generations were equal; 8-8-8 and 4-4-8 tiny models
 # by 7e-7 (the same values, summed in another order).
-QUANTIZED_RTOL = 0.05
+QUANTIZED_RTOL = 0.1
 # --int4 rounds weights only (activations stay float), but to 16 levels a block: each weight moves by ~8% of
 # the weights' RMS at block 32 (10% at 128), against ~0.5% at 8 bits, and each matmul's output by about as
 # much. Measured (RMS difference / RMS, worst output; with 4-bit embedding tables, the default): 0.54 on the

@@ -9,7 +9,8 @@ from modelshrink.onnx.layout import LAYOUTS
 from modelshrink.options import REQUIRED, Options, opt, options_class
 
 CHECK = "Validation against PyTorch"
-MIN_OPSET, MAX_OPSET = 14, 20  # 14: the attention ops of these models; 20: the newest the torch exporter writes
+MIN_OPSET, MAX_OPSET = 14, 20
+KERNEL_CHOICES = ("auto", "nbits", "int8", "float")  # modelshrink.onnx.kernels.CHOICES  # 14: the attention ops of these models; 20: the newest the torch exporter writes
 
 
 @options_class
@@ -30,6 +31,12 @@ class ExportOptions(Options):
     int4_embeddings: bool | None = opt(None, "With --int4: embedding tables (and an output projection tied to one) "
                                              "in 4 bits too; --no-int4-embeddings keeps them float32 (on BART-base's "
                                              "shape 0.57x of float32 instead of 0.16x). [default: on]")
+    kernel: str = opt("auto", "How low-bit matmul weights (a quantize artifact's, --int4's) compute: auto (the fastest "
+                              "here, measured per graph and weight shape; see the export report), int8 (onnxruntime's "
+                              "uint8 kernel on the codes unpacked at load; quantize artifacts), nbits (MatMulNBits on the "
+                              "codes, activations rounded to int8 per block), float (float matmuls on the weights "
+                              "unpacked at load: no integer kernel, for a runtime without one).",
+                      choices=KERNEL_CHOICES)
     per_channel: bool | None = opt(None, "With --int8: one weight scale per output channel (--no-per-channel: one per "
                                          "tensor). [default: per channel]")
     merge: bool = opt(True, "Seq2seq: one decoder_model_merged.onnx (an If between first step and steps with past, "
@@ -58,6 +65,12 @@ class ExportOptions(Options):
             raise UserError("--per-channel applies to --int8")
         if self.int4 and self.int8:
             raise UserError("--int4 and --int8 exclude each other: pick one weight format")
+        if self.kernel != "auto" and self.int8:
+            raise UserError("--kernel applies to low-bit weights (a quantize artifact, --int4); --int8 computes with "
+                            "onnxruntime's own int8 kernels")
+        if self.kernel == "int8" and self.int4:
+            raise UserError("--kernel int8 needs one scale per output column (a quantize artifact's weights); --int4's "
+                            "blocks each have their own: use --kernel nbits or float")
         if self.int4_block_size is not None and not self.int4:
             raise UserError("--int4-block-size applies to --int4")
         if self.int4_embeddings is not None and not self.int4:

@@ -67,6 +67,27 @@ def _tokenizer(path: Path) -> Any:
     return tokenizer
 
 
+# the export option that writes a folder without each com.microsoft op (modelshrink.onnx.lowbit's kernels)
+AVOIDED_BY = {"MatMulNBits": "--kernel float", "DynamicQuantizeMatMul": "--kernel float", "GatherBlockQuantized": "--int8"}
+
+
+def _require_ops(needed: list[str], folder: str | os.PathLike) -> None:
+    """One line naming the com.microsoft ops the export's graphs use and this onnxruntime lacks, and the export
+    option that does without them, before a session fails on them with a message about the graph."""
+    import onnxruntime as ort
+
+    try:
+        from onnxruntime.capi.onnxruntime_pybind11_state import get_all_operator_schema
+    except ImportError:  # a build without schema queries: its own load error says what is missing
+        return
+    have = {schema.name for schema in get_all_operator_schema() if schema.domain == "com.microsoft"}
+    missing = [op for op in needed if op not in have]
+    if missing:
+        options = sorted({AVOIDED_BY.get(op, "a float32 export (no option)") for op in missing})
+        raise UserError(f"{folder} needs onnxruntime's {', '.join(missing)}, which onnxruntime {ort.__version__} lacks; "
+                        f"upgrade onnxruntime (1.32 is tested), or export again with {' or '.join(options)}")
+
+
 class ExportedModel:
     """An export folder loaded into onnxruntime sessions."""
 
@@ -104,6 +125,7 @@ class ExportedModel:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         # what the export recorded for the runtime (weights, parameters); the manifest once committed
         self.resolved = _read_json(self.folder / "modelshrink.json").get("resolved", {})
+        _require_ops(self.resolved.get("contrib_ops") or [], folder)
         if self.resolved.get("weights") == DEQUANTIZED or self.resolved.get("quantized_artifact"):
             # onnxruntime would fuse DequantizeLinear + MatMul into an integer matmul that also quantizes the
             # activations, which is not what the quantized model computes; keep the float matmul

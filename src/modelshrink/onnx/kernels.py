@@ -1,0 +1,140 @@
+"""Which kernel multiplies each low-bit weight of an export, chosen by measuring them on this machine.
+
+A weight stored in low bits (`modelshrink.onnx.lowbit`) can compute three ways: MatMulNBits on its codes with
+int8 activations (`nbits`), onnxruntime's uint8 kernel on its codes unpacked at load (`int8`, only for a
+`quantize` artifact's symmetric codes with one scale per column) or a float MatMul on the weight unpacked at load
+(`float`). Which is fastest depends on the weight's shape, its bits, the processor and how many rows the graph
+multiplies at once: an encoder multiplies every source token of every document (hundreds of rows), a decoder
+step one row per beam. So each candidate runs as a one-node graph at the rows its graph sees when serving at
+batch 1 and at batch 16 (`ROWS`), and the one with the smallest geometric mean of its median times wins; the
+export report keeps every time. The measurement is of the machine that exports: export on the kind of machine
+that serves, or name the kernel (`--kernel`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from modelshrink.onnx.lowbit import FLOAT, INT8, KERNELS, NBITS, Blocks, LowBitGraph
+from modelshrink.runtime.files import CLASSIFIER, DECODER, DECODER_WITH_PAST, ENCODER
+
+AUTO = "auto"
+CHOICES = (AUTO, *KERNELS)
+# rows a graph's matmuls see, serving at batch 1 and batch 16 (beam 4): the encoder's documents of ~64 tokens
+# (grouped by length, so little padding), a decoder step one row per beam; the first decoder step shares the
+# decoder's weights (merged into one graph), so it computes as the steps do
+ROWS = {ENCODER: (64, 1024), CLASSIFIER: (64, 1024), DECODER: (4, 64), DECODER_WITH_PAST: (4, 64)}
+REPEATS = 7
+
+
+def rows_for(graph: str) -> tuple[int, ...]:
+    return ROWS.get(graph, ROWS[ENCODER])
+
+
+def _synthetic(k: int, n: int, bits: int, block_size: int, zero_points: bool) -> Blocks:
+    """Blocks of the right shape with made-up codes: a kernel's speed does not depend on the values."""
+    rng = np.random.default_rng(0)
+    groups = -(-k // block_size)
+    codes = rng.integers(0, 2 ** bits, size=(n, groups, block_size), dtype=np.uint8)
+    zero = rng.integers(0, 2 ** bits, size=(n, groups), dtype=np.uint8) if zero_points else None
+    return Blocks(codes, np.full((n, groups), 0.01, dtype=np.float32), zero, bits, k)
+
+
+def _session(k: int, n: int, blocks: Blocks, kernel: str, threads: int) -> Any:
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.zeros((1, 1), dtype=np.float32), "weight")
+    weight.dims[:] = [k, n]  # never read: the rewrite replaces it; its shape is what the rewrite checks
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "weight"], ["y"], name="matmul")], "kernel",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["rows", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", n])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rewrite = LowBitGraph(model)
+    rewrite.as_matmul(weight, blocks, kernel=kernel)
+    rewrite.finish()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the runtime runs
+    return ort.InferenceSession(onnx.ModelProto.SerializeToString(model), options,
+                                providers=["CPUExecutionProvider"])
+
+
+def measure(k: int, n: int, candidates: list[tuple[str, int]], rows: tuple[int, ...], block_size: int,
+            zero_points: bool = False, threads: int | None = None, repeats: int = REPEATS) -> dict[str, dict[int, float]]:
+    """Median seconds of one [rows, k] x [k, n] product for each (kernel, bits) candidate at each row count, the
+    candidates taking turns so that a change of load hits them alike: {"kernel/bits": {rows: seconds}}."""
+    threads = threads or len(os.sched_getaffinity(0))
+    sessions = {f"{kernel}/{bits}": _session(k, n, _synthetic(k, n, bits, block_size, zero_points), kernel, threads)
+                for kernel, bits in candidates}
+    found: dict[str, dict[int, float]] = {name: {} for name in sessions}
+    rng = np.random.default_rng(1)
+    for count in rows:
+        a = {"a": rng.standard_normal((count, k)).astype(np.float32)}
+        times: dict[str, list[float]] = {name: [] for name in sessions}
+        for session in sessions.values():
+            session.run(None, a)  # warm-up: first-call allocations and prepacking
+        for _ in range(repeats):
+            for name, session in sessions.items():
+                start = time.perf_counter()
+                session.run(None, a)
+                times[name].append(time.perf_counter() - start)
+        for name, values in times.items():
+            found[name][count] = statistics.median(values)
+    return found
+
+
+class KernelChoice:
+    """How the low-bit weights of one graph compute: `choose` measures each weight shape once (or takes the kernel
+    the user named) and remembers; `report` is what the export report keeps."""
+
+    def __init__(self, graph: str, kernel: str = AUTO, threads: int | None = None,
+                 available: tuple[str, ...] = KERNELS):
+        if kernel not in CHOICES:
+            raise ValueError(f"kernel must be one of {CHOICES}, got {kernel!r}")
+        self.graph, self.kernel, self.threads, self.available = graph, kernel, threads, available
+        self.rows = rows_for(graph)
+        self.decisions: dict[str, dict[str, Any]] = {}
+
+    def choose(self, k: int, n: int, candidates: list[tuple[str, int]], block_size: int,
+               zero_points: bool = False) -> tuple[str, int]:
+        """(kernel, storage bits) for a [k, n] weight among `candidates` (the fewest bits first among equals)."""
+        if self.kernel != AUTO:
+            named = [c for c in candidates if c[0] == self.kernel]
+            if not named:
+                raise ValueError(f"kernel {self.kernel} cannot compute this weight; candidates: {candidates}")
+            return min(named, key=lambda c: c[1])
+        candidates = [c for c in candidates if c[0] in self.available] or [c for c in candidates if c[0] == FLOAT]
+        if len(candidates) == 1:
+            return candidates[0]
+        key = f"{k}x{n} " + ", ".join(f"{kernel}/{bits}" for kernel, bits in candidates)
+        if key not in self.decisions:
+            times = measure(k, n, candidates, self.rows, block_size, zero_points, self.threads)
+            score = {name: math.exp(statistics.fmean(math.log(t) for t in by_rows.values()))
+                     for name, by_rows in times.items()}
+            best = min(score, key=lambda name: (score[name], int(name.split("/")[1])))
+            self.decisions[key] = {"chosen": best, "ms": {name: {str(r): round(t * 1e3, 4) for r, t in by_rows.items()}
+                                                          for name, by_rows in times.items()}}
+        kernel, bits = self.decisions[key]["chosen"].split("/")
+        return kernel, int(bits)
+
+    def report(self) -> dict[str, Any]:
+        return {"kernel": self.kernel, "rows": list(self.rows), "measured": self.decisions}
+
+
+def candidates_for(threshold: int | None) -> list[tuple[str, int]]:
+    """(kernel, storage bits) that hold a weight exactly: a `quantize` artifact's integer weight |b| <= threshold
+    (ternary 1, 3-4 bits <= 7, 5-8 bits <= 127; symmetric, one scale per column), or None for --int4's blocks with
+    zero points (4 bits; the uint8 kernel needs one scale per column)."""
+    if threshold is None:
+        return [(NBITS, 4), (FLOAT, 4)]
+    widths = [2, 4] if threshold == 1 else [4] if threshold <= 7 else [8]
+    return [(NBITS, bits) for bits in widths] + [(INT8, widths[0]), (FLOAT, widths[0])]

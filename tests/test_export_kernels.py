@@ -1,0 +1,205 @@
+"""Which kernel computes each low-bit weight of an export (`modelshrink.onnx.kernels`): chosen by measurement or
+named with --kernel, reading the unrounded activations where it rounds them itself, unpacked once when a merged
+decoder loads; a runtime without a kernel's op is one line naming the export option that avoids it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from conftest import graph_nodes
+
+from modelshrink.cli import app
+from modelshrink.onnx import kernels
+from modelshrink.onnx.kernels import KernelChoice
+
+runner = CliRunner()
+FAST = ["--samples", "3", "--generation-docs", "2"]
+
+
+def _quantized(model: Path, out: Path, bits: str) -> Path:
+    from modelshrink.quantize import QuantizeOptions, quantize
+
+    return quantize(QuantizeOptions(model=str(model), bits=bits, method="direct", device="cpu"), out)
+
+
+@pytest.fixture(scope="module")
+def ternary(plain_models, tmp_path_factory) -> Path:
+    return _quantized(plain_models["bart"], tmp_path_factory.mktemp("kernels") / "q", "2-2-8")
+
+
+def test_the_choice_is_the_smallest_geometric_mean_of_the_measured_times(monkeypatch):
+    # nbits is fastest at few rows, int8 at many: the geometric mean weighs the two row counts alike
+    times = {"nbits/2": {4: 1.0, 64: 9.0}, "nbits/4": {4: 0.5, 64: 20.0}, "int8/2": {4: 2.0, 64: 4.0},
+             "float/2": {4: 3.0, 64: 8.0}}
+    calls = []
+
+    def fake(k, n, candidates, rows, block_size, zero_points=False, threads=None):
+        calls.append((k, n, rows))
+        return {f"{kernel}/{bits}": times[f"{kernel}/{bits}"] for kernel, bits in candidates}
+
+    monkeypatch.setattr(kernels, "measure", fake)
+    choice = KernelChoice("decoder_with_past_model.onnx")
+    candidates = kernels.candidates_for(1)
+    assert choice.choose(768, 768, candidates, 256) == ("int8", 2)  # sqrt(2·4) < sqrt(1·9) < sqrt(3·8) < sqrt(0.5·20)
+    assert choice.choose(768, 768, candidates, 256) == ("int8", 2) and len(calls) == 1  # one measurement a shape
+    assert calls == [(768, 768, (4, 64))]
+    report = choice.report()["measured"]
+    (entry,) = report.values()
+    assert entry["chosen"] == "int8/2" and entry["ms"]["nbits/4"] == {"4": 500.0, "64": 20000.0}
+    # the encoder is measured at its own rows
+    KernelChoice("encoder_model.onnx").choose(768, 3072, candidates, 256)
+    assert calls[-1] == (768, 3072, kernels.ROWS["encoder_model.onnx"])
+    # a named kernel is taken without measuring, at the fewest bits that hold the weight
+    assert KernelChoice("encoder_model.onnx", "nbits").choose(8, 8, candidates, 16) == ("nbits", 2)
+    assert len(calls) == 2
+    # a kernel whose op the runtime lacks is never a candidate; float is always there
+    only = KernelChoice("encoder_model.onnx", available=("float",))
+    assert only.choose(768, 768, candidates, 256) == ("float", 2) and len(calls) == 2
+    with pytest.raises(ValueError, match="cannot compute"):
+        KernelChoice("encoder_model.onnx", "int8").choose(8, 8, kernels.candidates_for(None), 16)
+
+
+def test_the_candidates_hold_each_weight_exactly():
+    assert kernels.candidates_for(1) == [("nbits", 2), ("nbits", 4), ("int8", 2), ("float", 2)]  # ternary
+    assert kernels.candidates_for(7) == [("nbits", 4), ("int8", 4), ("float", 4)]
+    assert kernels.candidates_for(127) == [("nbits", 8), ("int8", 8), ("float", 8)]
+    assert ("int8", 4) not in kernels.candidates_for(None)  # --int4's blocks have a scale each, no column scale
+
+
+def test_measure_times_every_candidate_at_every_row_count():
+    found = kernels.measure(64, 48, [("nbits", 4), ("int8", 4), ("float", 4)], (2, 16), 32, repeats=2, threads=1)
+    assert set(found) == {"nbits/4", "int8/4", "float/4"}
+    assert all(set(by_rows) == {2, 16} and all(t > 0 for t in by_rows.values()) for by_rows in found.values())
+
+
+def test_the_option_lists_every_kernel():
+    from modelshrink.options.export import KERNEL_CHOICES
+
+    assert KERNEL_CHOICES == kernels.CHOICES
+
+
+def test_an_automatic_export_records_what_it_measured_and_takes_the_fastest(ternary, tmp_path):
+    out = tmp_path / "auto"
+    result = runner.invoke(app, ["export", str(ternary), "-o", str(out), *FAST])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "export_report.json").read_text())
+    for name in ("encoder_model.onnx", "decoder_with_past_model.onnx"):
+        measured = report["storage"][name]["kernels"]
+        assert measured["kernel"] == "auto" and measured["rows"] == list(kernels.rows_for(name))
+        assert measured["measured"]
+        for entry in measured["measured"].values():
+            mean = {c: math.exp(sum(math.log(t) for t in ms.values()) / len(ms)) for c, ms in entry["ms"].items()}
+            # rounded to 4 decimals of a millisecond in the report, so compare within that
+            assert mean[entry["chosen"]] <= min(mean.values()) + 1e-3
+        counts = report["storage"][name]["low_bit_kernels"]
+        assert sum(counts.values()) == report["storage"][name]["low_bit_matmuls"]
+
+
+def _producers(graph) -> dict:
+    return {out: node for node in graph.node for out in node.output}
+
+
+@pytest.mark.parametrize("kernel", ["int8", "nbits", "float"])
+def test_integer_kernels_read_the_activation_before_the_models_own_rounding(ternary, tmp_path, kernel):
+    import onnx
+
+    out = tmp_path / kernel
+    result = runner.invoke(app, ["export", str(ternary), "-o", str(out), "--kernel", kernel, *FAST])
+    assert result.exit_code == 0, result.output  # the check passes with the kernels' own rounding
+    report = json.loads((out / "export_report.json").read_text())
+    model = onnx.load(str(out / "encoder_model.onnx"))
+    producers = _producers(model.graph)
+    op = {"int8": "DynamicQuantizeMatMul", "nbits": "MatMulNBits", "float": "MatMul"}[kernel]
+    users = [n for n in model.graph.node if n.op_type == op and not n.input[1].startswith("/")]
+    assert users
+
+    def rounded(name: str) -> bool:  # round(x / α) · α, the quantized model's rounding (shortened by the export)
+        node = producers.get(name)
+        return node is not None and node.op_type == "Mul" and any(
+            producers.get(i) is not None and producers[i].op_type == "Round" for i in node.input)
+
+    encoder = report["storage"]["encoder_model.onnx"]
+    # the roundings left (of the attention's queries, keys, values and probabilities) are written in fewer nodes
+    assert encoder["roundings_shortened"] > 0
+    assert not any(n.op_type in ("Clip", "Where") for n in model.graph.node if n.output[0].endswith("_rounding"))
+    if kernel == "float":  # a float matmul computes what PyTorch computes: the graph keeps its rounding
+        assert encoder["inputs_unrounded"] == 0 and all(rounded(n.input[0]) for n in users)
+        assert report["validation"]["rms_ratio"] < 1e-5
+    else:
+        assert encoder["inputs_unrounded"] == len(users) and not any(rounded(n.input[0]) for n in users)
+        assert report["validation"]["rms_ratio"] < 0.1  # 8-bit rounding noise, not a broken graph (~1)
+
+
+def test_a_merged_decoder_unpacks_each_weight_once(ternary, tmp_path):
+    import onnx
+    import onnxruntime as ort
+
+    out = tmp_path / "m"
+    result = runner.invoke(app, ["export", str(ternary), "-o", str(out), "--kernel", "int8", "--no-validate"])
+    assert result.exit_code == 0, result.output
+    model = onnx.load(str(out / "decoder_model_merged.onnx"))
+    outer = [n for n in model.graph.node if n.op_type != "If"]
+    inner = [n for n in graph_nodes(model.graph) if n not in model.graph.node]
+    assert any(n.op_type == "BitShift" for n in outer) and not any(n.op_type == "BitShift" for n in inner)
+    assert len({tuple(n.output) for n in outer}) == len(outer)
+    # onnxruntime folds the unpacking into constants when it loads the graph
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "loaded.onnx")
+    ort.InferenceSession(str(out / "decoder_model_merged.onnx"), options, providers=["CPUExecutionProvider"])
+    loaded = onnx.load(str(tmp_path / "loaded.onnx"))
+    assert [n.op_type for n in loaded.graph.node] == ["If"]
+    assert not any(n.op_type == "BitShift" for n in graph_nodes(loaded.graph))
+
+
+def _refused(args: list[str], out: Path, message: str) -> None:
+    result = runner.invoke(app, ["export", *args, "-o", str(out)])
+    assert result.exit_code == 1, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+    assert not out.exists() and not (out.parent / f".{out.name}.partial").exists()
+
+
+def test_bad_kernel_requests_are_one_line_and_write_nothing(plain_models, ternary, tmp_path):
+    bart = str(plain_models["bart"])
+    _refused([bart, "--int8", "--kernel", "nbits"], tmp_path / "o1", "--kernel applies to low-bit weights")
+    _refused([bart, "--int4", "--kernel", "int8"], tmp_path / "o2", "--int4's blocks each have their own")
+    _refused([bart, "--kernel", "nbits"], tmp_path / "o3", "is a float model; add --int4")
+    _refused([str(ternary), "--kernel", "fastest"], tmp_path / "o4", "--kernel must be one of")
+
+
+def _schemas_without(*ops: str) -> list:
+    from onnxruntime.capi import onnxruntime_pybind11_state
+
+    return [s for s in onnxruntime_pybind11_state.get_all_operator_schema()
+            if not (s.domain == "com.microsoft" and s.name in ops)]
+
+
+def test_a_kernel_the_runtime_lacks_is_one_line_naming_the_option_that_avoids_it(ternary, tmp_path, monkeypatch):
+    from onnxruntime.capi import onnxruntime_pybind11_state
+
+    from modelshrink.runtime import load
+    from modelshrink.runtime.errors import UserError
+
+    out = tmp_path / "int8"
+    result = runner.invoke(app, ["export", str(ternary), "-o", str(out), "--kernel", "int8", "--no-validate"])
+    assert result.exit_code == 0, result.output
+    lacking = _schemas_without("DynamicQuantizeMatMul")
+    monkeypatch.setattr(onnxruntime_pybind11_state, "get_all_operator_schema", lambda: lacking)
+    with pytest.raises(UserError, match="needs onnxruntime's DynamicQuantizeMatMul, which onnxruntime .* lacks; "
+                                        "upgrade onnxruntime .*, or export again with --kernel float"):
+        load(out)
+    # the export refuses to write such a graph, naming the same way out
+    _refused([str(ternary), "--kernel", "int8"], tmp_path / "o", "needs onnxruntime's DynamicQuantizeMatMul")
+    # left to choose, it measures only the kernels this onnxruntime has
+    auto = tmp_path / "auto"
+    result = runner.invoke(app, ["export", str(ternary), "-o", str(auto), "--no-validate"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((auto / "export_report.json").read_text())
+    measured = report["storage"]["encoder_model.onnx"]["kernels"]["measured"].values()
+    assert measured and not any(name.startswith("int8/") for entry in measured for name in entry["ms"])
+    assert "DynamicQuantizeMatMul" not in json.loads((auto / "modelshrink.json").read_text())["resolved"]["contrib_ops"]
