@@ -136,6 +136,20 @@ def test_integer_kernels_read_the_activation_before_the_models_own_rounding(tern
         assert report["validation"]["rms_ratio"] < 0.1  # 8-bit rounding noise, not a broken graph (~1)
 
 
+def test_without_the_models_rounding_no_activation_is_rounded_in_the_graph(ternary, tmp_path):
+    import onnx
+
+    out = tmp_path / "none"
+    result = runner.invoke(app, ["export", str(ternary), "-o", str(out), "--kernel", "int8", "--activation-rounding",
+                                 "none", *FAST])
+    assert result.exit_code == 0, result.output  # within the check's tolerance
+    for name in ("encoder_model.onnx", "decoder_model_merged.onnx"):
+        assert not any(n.op_type in ("Round", "Clip") for n in graph_nodes(onnx.load(str(out / name)).graph)), name
+    report = json.loads((out / "export_report.json").read_text())
+    assert report["storage"]["encoder_model.onnx"]["roundings_shortened"] > 0
+    assert report["validation"]["rms_ratio"] < 0.1
+
+
 def test_a_merged_decoder_unpacks_each_weight_once(ternary, tmp_path):
     import onnx
     import onnxruntime as ort
@@ -170,6 +184,8 @@ def test_bad_kernel_requests_are_one_line_and_write_nothing(plain_models, ternar
     _refused([bart, "--int4", "--kernel", "int8"], tmp_path / "o2", "--int4's blocks each have their own")
     _refused([bart, "--kernel", "nbits"], tmp_path / "o3", "is a float model; add --int4")
     _refused([str(ternary), "--kernel", "fastest"], tmp_path / "o4", "--kernel must be one of")
+    _refused([bart, "--activation-rounding", "none"], tmp_path / "o5", "is a float model, whose activations are not")
+    _refused([str(ternary), "--int8", "--activation-rounding", "none"], tmp_path / "o6", "not with --int8 or --int4")
 
 
 def _schemas_without(*ops: str) -> list:

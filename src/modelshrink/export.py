@@ -100,13 +100,15 @@ def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions,
              log: LogFn) -> tuple[list[str], dict[str, Any]]:
     """Int8 weights, the merged decoder, tied weights stored once; returns (the graphs now, what each saved)."""
     storage: dict[str, Any] = {}
+    measured: dict = {}  # kernel timings, shared by graphs of the same rows
     if quantized is not None and not options.int8:
         # with --int8 the dynamic quantization stores every matmul weight and table in 8 bits itself (and
         # multiplies in integers); its integer matmuls need the weight itself, not a Cast and Mul that compute it
         thresholds = {1 if b == 2 else 2 ** (b - 1) - 1 for b in (quantized["weight_bits"],
                                                                   quantized["embedding_bits"])}
         for name in graphs:
-            storage[name] = keep_low_bits(folder / name, thresholds, _kernels(name, options))
+            storage[name] = keep_low_bits(folder / name, thresholds, _kernels(name, options, measured),
+                                          options.activation_rounding)
             storage[name].update(compact_quantized(folder / name, thresholds))
             log(f"{name}: {storage[name]['low_bit_matmuls']} matmuls and {storage[name]['low_bit_tables']} tables "
                 f"in their own bits ({_kernel_counts(storage[name]['low_bit_kernels'])}), "
@@ -117,7 +119,7 @@ def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions,
             quantize_int8(folder / name, options.per_channel)
     if options.int4:
         for name in graphs:
-            storage[name] = quantize_int4(folder / name, options.int4_block_size, _kernels(name, options),
+            storage[name] = quantize_int4(folder / name, options.int4_block_size, _kernels(name, options, measured),
                                           options.int4_embeddings)
             log(f"int4: {storage[name]['int4_matmuls']} matmuls and {storage[name]['int4_tables']} embedding tables "
                 f"of {name} in 4 bits (block {options.int4_block_size}; "
@@ -137,10 +139,10 @@ def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions,
     return graphs, storage
 
 
-def _kernels(graph: str, options: ExportOptions) -> KernelChoice:
+def _kernels(graph: str, options: ExportOptions, measured: dict) -> KernelChoice:
     """The kernel choice for one graph: the decoder steps share their weights with the first step (merged into one
-    graph), so every decoder graph is measured at a decoder step's rows."""
-    return KernelChoice(graph, options.kernel, available=lowbit.available_kernels())
+    graph), so every decoder graph is measured at a decoder step's rows, once (`measured` is shared)."""
+    return KernelChoice(graph, options.kernel, available=lowbit.available_kernels(), measured=measured)
 
 
 def _kernel_counts(counts: dict[str, int]) -> str:
@@ -165,6 +167,9 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     if options.kernel != "auto" and not (options.int4 or quantized):
         raise UserError(f"--kernel applies to low-bit weights: {options.model} is a float model; add --int4, or export "
                         "a quantize artifact")
+    if options.activation_rounding != "model" and not quantized:
+        raise UserError(f"--activation-rounding applies to a quantize artifact: {options.model} is a float model, "
+                        "whose activations are not rounded")
     if options.int4 or (quantized and not options.int8):
         what = "--int4" if options.int4 else f"exporting a {quantized['bits']} artifact"
         lowbit.require_support(what, {lowbit.FLOAT} if options.kernel == "auto" else {options.kernel},

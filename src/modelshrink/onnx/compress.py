@@ -24,13 +24,15 @@ from modelshrink.onnx import kernels, lowbit
 from modelshrink.onnx.kernels import KernelChoice
 
 
-def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice) -> dict[str, Any]:
+def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice, rounding: str = "model") -> dict[str, Any]:
     """Rewrite the graph at `path`: every matmul weight and embedding table that is α·b with integer b (one α per
     tensor, per output column of a matmul, or per row of a table) is stored as codes of its own width (ternary
     2 bits, 3-4-bit weights 4, 5-8-bit weights 8; a table and its tied projection share one copy) and computes
     with the kernel `choice` measures fastest for it (`modelshrink.onnx.kernels`). Where that kernel rounds the
     activations itself (MatMulNBits at accuracy level 4, the uint8 kernel), the graph's own rounding of the
-    matmul's input, which the quantized model's tracing wrote, is taken out. Returns what was stored and how."""
+    matmul's input, which the quantized model's tracing wrote, is taken out; the other roundings (attention's
+    queries, keys, values and probabilities) are shortened, or with `rounding="none"` taken out too. Returns what
+    was stored and how."""
     import onnx
     from onnx import numpy_helper
 
@@ -61,7 +63,7 @@ def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice) -> dic
             matmuls += graph.as_matmul(init, lowbit.integer_blocks(b, scale, bits, size), kernel=kernel)
     graph.finish()
     unrounded = take_out_rounding(model.graph, graph.integer_nodes)
-    shortened = shorten_rounding(model.graph)
+    shortened = shorten_rounding(model.graph, drop=rounding == "none")
     onnx.save(model, str(path))
     return {"low_bit_matmuls": matmuls, "low_bit_tables": tables, "inputs_unrounded": unrounded,
             "roundings_shortened": shortened,
@@ -108,11 +110,12 @@ def _straight_through(producers: dict[str, Any], node: Any) -> tuple[str, Any] |
     return None
 
 
-def shorten_rounding(graph: Any) -> int:
+def shorten_rounding(graph: Any, drop: bool = False) -> int:
     """Each straight-through rounding the tracing wrote (13 nodes: casts of a float to float, a Where for an
     all-zero tensor, a Clip that round(x / α) never exceeds, Sub(x, x) and an Add of its zero) as the 7 that
     compute the same values: α = max(max|x|, tiny) / th, round(x / α) · α. A decoder step of a BART-base-shaped
-    model holds about 80 of them, whose every node costs onnxruntime a few microseconds. Returns those rewritten."""
+    model holds about 80 of them, whose every node costs onnxruntime a few microseconds. With `drop`, x itself
+    (an Identity, which onnxruntime removes). Returns those rewritten."""
     from onnx import helper, numpy_helper
 
     producers = {out: node for node in graph.node for out in node.output}
@@ -127,6 +130,10 @@ def shorten_rounding(graph: Any) -> int:
             continue
         x, clip = found
         out, tag = node.output[0], node.output[0] + "_rounding"
+        if drop:
+            new.append((node, [helper.make_node("Identity", [x], [out], name=tag)]))
+            rewritten += 1
+            continue
         top = f"rounding_th_{int(constants[clip.input[2]])}"
         if top not in {i.name for i in graph.initializer}:
             graph.initializer.append(numpy_helper.from_array(np.array(constants[clip.input[2]], dtype=np.float32), top))
@@ -138,7 +145,7 @@ def shorten_rounding(graph: Any) -> int:
                            helper.make_node("Round", [tag + "_steps"], [tag + "_round"], name=tag + "_round"),
                            helper.make_node("Mul", [tag + "_round", tag + "_step"], [out], name=tag)]))
         rewritten += 1
-    if rewritten:
+    if rewritten and not drop:
         graph.initializer.append(numpy_helper.from_array(np.array(np.finfo(np.float32).tiny, dtype=np.float32), tiny))
     for node, replacement in new:
         at = list(graph.node).index(node)

@@ -30,7 +30,7 @@ CHOICES = (AUTO, *KERNELS)
 # (grouped by length, so little padding), a decoder step one row per beam; the first decoder step shares the
 # decoder's weights (merged into one graph), so it computes as the steps do
 ROWS = {ENCODER: (64, 1024), CLASSIFIER: (64, 1024), DECODER: (4, 64), DECODER_WITH_PAST: (4, 64)}
-REPEATS = 7
+REPEATS = 5
 
 
 def rows_for(graph: str) -> tuple[int, ...]:
@@ -97,12 +97,14 @@ class KernelChoice:
     the user named) and remembers; `report` is what the export report keeps."""
 
     def __init__(self, graph: str, kernel: str = AUTO, threads: int | None = None,
-                 available: tuple[str, ...] = KERNELS):
+                 available: tuple[str, ...] = KERNELS, measured: dict[tuple, dict[str, Any]] | None = None):
         if kernel not in CHOICES:
             raise ValueError(f"kernel must be one of {CHOICES}, got {kernel!r}")
         self.graph, self.kernel, self.threads, self.available = graph, kernel, threads, available
         self.rows = rows_for(graph)
         self.decisions: dict[str, dict[str, Any]] = {}
+        # measurements shared by the graphs of one export that run at the same rows (the two decoder graphs)
+        self.measured = measured if measured is not None else {}
 
     def choose(self, k: int, n: int, candidates: list[tuple[str, int]], block_size: int,
                zero_points: bool = False) -> tuple[str, int]:
@@ -116,13 +118,15 @@ class KernelChoice:
         if len(candidates) == 1:
             return candidates[0]
         key = f"{k}x{n} " + ", ".join(f"{kernel}/{bits}" for kernel, bits in candidates)
-        if key not in self.decisions:
+        shared = (key, self.rows, block_size, zero_points)
+        if shared not in self.measured:
             times = measure(k, n, candidates, self.rows, block_size, zero_points, self.threads)
             score = {name: math.exp(statistics.fmean(math.log(t) for t in by_rows.values()))
                      for name, by_rows in times.items()}
             best = min(score, key=lambda name: (score[name], int(name.split("/")[1])))
-            self.decisions[key] = {"chosen": best, "ms": {name: {str(r): round(t * 1e3, 4) for r, t in by_rows.items()}
-                                                          for name, by_rows in times.items()}}
+            self.measured[shared] = {"chosen": best, "ms": {name: {str(r): round(t * 1e3, 4) for r, t in by_rows.items()}
+                                                            for name, by_rows in times.items()}}
+        self.decisions[key] = self.measured[shared]
         kernel, bits = self.decisions[key]["chosen"].split("/")
         return kernel, int(bits)
 
