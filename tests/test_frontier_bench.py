@@ -1,0 +1,48 @@
+"""benchmarks/frontier.py runs end to end on a tiny random BART (--tiny): every deployable form of the chain is
+made, scored against the teacher and measured; a rerun keeps what the first made."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "frontier.py"
+SMALL = ["--tiny", "--no-write", "--student-steps", "2", "--quantize-steps", "2", "--docs", "4", "--latency-docs", "1",
+         "--throughput-docs", "2", "--rounds", "1"]
+
+
+def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path):
+    work = tmp_path / "frontier"
+    result = subprocess.run([sys.executable, str(BENCH), *SMALL, "--work", str(work)], capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((work / "frontier.json").read_text())
+    forms, results = report["forms"], report["results"]
+    assert list(forms) == ["teacher, PyTorch", "teacher, ONNX float32", "student (D 1), ONNX float32",
+                           "student (D 1), ONNX --int8", "student (D 1), ONNX --int4", "8-8-8 distillation-aware, ONNX",
+                           "2-2-8 distillation-aware, ONNX", "2-2-8 (D 1) distillation-aware, ONNX"]
+    for name, got in results.items():
+        assert set(got["rouge"]) == {"rouge1", "rouge2", "rougeL"} and len(got["ci95"]["rougeL"]) == 2, name
+        assert got["mb"] > 0 and got["rss_mb"] > 0 and got["p50_ms"] > 0 and got["docs_s"] > 0, name
+        assert (got["against_teacher"] is None) == (name == "teacher, PyTorch"), name
+    # the teacher exported to float32 summarizes as the teacher does: a paired test of identical scores gives p = 1
+    assert results["teacher, ONNX float32"]["against_teacher"]["rougeL"] == 1.0
+    # each form's own process: the runtime's (no torch) holds far less than PyTorch's
+    assert results["teacher, ONNX float32"]["rss_mb"] < 0.5 * results["teacher, PyTorch"]["rss_mb"]
+    mb = {name: got["mb"] for name, got in results.items()}
+    assert mb["2-2-8 distillation-aware, ONNX"] < mb["8-8-8 distillation-aware, ONNX"] < mb["teacher, ONNX float32"]
+    assert mb["2-2-8 (D 1) distillation-aware, ONNX"] < mb["2-2-8 distillation-aware, ONNX"]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + len(forms) and ("Target met" in result.stdout or "Target not met" in result.stdout)
+    # a rerun keeps every artifact the first run finished (nothing is trained or exported again)
+    made = {p: p.stat().st_mtime for p in work.glob("*/modelshrink.json")}
+    sys.path.insert(0, str(BENCH.parent))
+    import frontier
+
+    args = frontier.arguments().parse_args([*SMALL, "--work", str(work)])
+    args.teacher, data = (str(p) for p in frontier.tiny_setup(work))
+    again = frontier.make_forms(args, Path(data) / "train.jsonl.gz", log=lambda message: None)
+    assert {name: str(path) for name, (_, path) in again.items()} == {name: path for name, (_, path) in forms.items()}
+    assert {p: p.stat().st_mtime for p in work.glob("*/modelshrink.json")} == made
