@@ -33,6 +33,15 @@ def ternary(plain_models, tmp_path_factory) -> Path:
     return _quantized(plain_models["bart"], tmp_path_factory.mktemp("kernels") / "q", "2-2-8")
 
 
+@pytest.fixture(scope="module")
+def ternary_int8(ternary, tmp_path_factory) -> Path:
+    """The ternary artifact exported with the uint8 kernel, unchecked (the tests below read its graphs)."""
+    out = tmp_path_factory.mktemp("kernels-int8") / "onnx"
+    result = runner.invoke(app, ["export", str(ternary), "-o", str(out), "--kernel", "int8", "--no-validate"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
 def test_the_choice_is_the_smallest_geometric_mean_of_the_measured_times(monkeypatch):
     # nbits is fastest at few rows, int8 at many: the geometric mean weighs the two row counts alike
     times = {"nbits/2": {4: 1.0, 64: 9.0}, "nbits/4": {4: 0.5, 64: 20.0}, "int8/2": {4: 2.0, 64: 4.0},
@@ -150,13 +159,11 @@ def test_without_the_models_rounding_no_activation_is_rounded_in_the_graph(terna
     assert report["validation"]["rms_ratio"] < 0.1
 
 
-def test_a_merged_decoder_unpacks_each_weight_once(ternary, tmp_path):
+def test_a_merged_decoder_unpacks_each_weight_once(ternary_int8, tmp_path):
     import onnx
     import onnxruntime as ort
 
-    out = tmp_path / "m"
-    result = runner.invoke(app, ["export", str(ternary), "-o", str(out), "--kernel", "int8", "--no-validate"])
-    assert result.exit_code == 0, result.output
+    out = ternary_int8
     model = onnx.load(str(out / "decoder_model_merged.onnx"))
     outer = [n for n in model.graph.node if n.op_type != "If"]
     inner = [n for n in graph_nodes(model.graph) if n not in model.graph.node]
@@ -195,15 +202,14 @@ def _schemas_without(*ops: str) -> list:
             if not (s.domain == "com.microsoft" and s.name in ops)]
 
 
-def test_a_kernel_the_runtime_lacks_is_one_line_naming_the_option_that_avoids_it(ternary, tmp_path, monkeypatch):
+def test_a_kernel_the_runtime_lacks_is_one_line_naming_the_option_that_avoids_it(ternary, ternary_int8, tmp_path,
+                                                                                   monkeypatch):
     from onnxruntime.capi import onnxruntime_pybind11_state
 
     from modelshrink.runtime import load
     from modelshrink.runtime.errors import UserError
 
-    out = tmp_path / "int8"
-    result = runner.invoke(app, ["export", str(ternary), "-o", str(out), "--kernel", "int8", "--no-validate"])
-    assert result.exit_code == 0, result.output
+    out = ternary_int8
     lacking = _schemas_without("DynamicQuantizeMatMul")
     monkeypatch.setattr(onnxruntime_pybind11_state, "get_all_operator_schema", lambda: lacking)
     with pytest.raises(UserError, match="needs onnxruntime's DynamicQuantizeMatMul, which onnxruntime .* lacks; "

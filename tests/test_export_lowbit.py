@@ -70,7 +70,7 @@ def _digest(value: np.ndarray) -> str:
 
 @pytest.mark.parametrize("family, bits, granularity, kernel", [
     ("bart", "2-2-8", "tensor", "nbits"), ("t5", "2-2-8", "tensor", "int8"), ("bert2bert", "4-4-8", "row", "float"),
-    ("bart", "3-8-8", "row", "int8"), ("bart", "8-8-8", "tensor", "auto")])
+    ("bart", "3-8-8", "row", "int8")])  # auto: tests/test_export_kernels.py
 def test_low_bits_are_kept_exactly_and_pass_the_check(plain_models, tmp_path, family, bits, granularity, kernel):
     from modelshrink.quant.model import load_quantized
 
