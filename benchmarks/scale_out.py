@@ -29,12 +29,12 @@ GPU part (`--device cuda`). A BART-base-shaped model built from `BartConfig` (d_
 layers, 12 heads, FFN 3072, BART-base's 50,265-entry vocabulary) with random weights (seed 0) and
 a WordPiece tokenizer built here from the sample's words (no hub, no files beyond the source tree):
   * pseudolabel docs/s, fp32 against `--dtype bf16`, batches packed by `--max-tokens`, every
-    summary exactly --length tokens, untimed warm-up per setting;
+    summary exactly --length tokens;
   * distill tokens/s (non-padding source + target tokens over the timed steps, after --warmup
     untimed ones) with `--precision fp32`, `bf16`, and bf16 with `--gradient-checkpointing`;
   * peak GPU memory of each run (torch.cuda.max_memory_allocated, reset before it; runs are in
     this process, one after another).
-fp32 matmuls run in full fp32 (torch's default, TF32 off). `--tiny` builds a small model instead and
+Every setting runs once untimed at full size before the rounds. fp32 matmuls run in full fp32 (torch's default, TF32 off). `--tiny` builds a small model instead and
 runs a few documents and steps, to check the code path on a CPU; it never writes BENCHMARKS.md.
 
 Settings are interleaved for --rounds rounds (the order rotated each round), so drift of the
@@ -323,10 +323,11 @@ def gpu_part(args) -> None:
         "distill bf16 + `--gradient-checkpointing`": lambda out, docs: gpu_distill(model, out, "bf16", True, args),
     }
     names = list(settings)
-    # Untimed: the first generate call per dtype pays for kernel selection and allocator growth
-    # (distill has its own untimed --warmup steps).
-    for i, name in enumerate(names[:2]):
-        settings[name](work / f"warmup-{i}", min(args.docs, 32))
+    # Untimed: one whole pass of every setting. The first use of a dtype's kernels at each new shape pays for
+    # loading and selecting them; on an H200 a 32-document warm-up and distill's 5 untimed steps left round 1
+    # of every bf16 setting 3-5x slower than rounds 2 and 3 (2026-11-26).
+    for i, name in enumerate(names):
+        settings[name](work / f"warmup-{i}", args.docs)
     rates: dict[str, list[float]] = {name: [] for name in names}
     peaks: dict[str, list[float | None]] = {name: [] for name in names}
     for r in range(args.rounds):
@@ -350,8 +351,8 @@ def gpu_part(args) -> None:
         f"documents of the bundled Debian sample (`{args.data.name}`), beam {args.beams}, `--max-tokens "
         f"{args.max_tokens}`, sources ≤ {args.max_source_length} tokens, every summary exactly {args.length} tokens. "
         f"distill: the same sample, batch {args.train_batch_size}, sources ≤ {args.max_source_length}, summaries ≤ "
-        f"{args.max_target_length}, {args.steps} timed steps after {args.warmup} untimed. {args.rounds} interleaved "
-        f"rounds, median; peak memory is torch.cuda.max_memory_allocated over the run. Machine: {machine}. "
+        f"{args.max_target_length}, {args.steps} timed steps after {args.warmup} untimed. An untimed pass of every setting, then "
+        f"{args.rounds} interleaved rounds, median; peak memory is torch.cuda.max_memory_allocated over the run. Machine: {machine}. "
         f"Command: `{command_line()}` ({time.strftime('%Y-%m-%d')}).",
         "",
         "| setting | throughput (median) | vs fp32 | peak GPU memory | every round |",
