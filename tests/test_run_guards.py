@@ -330,6 +330,27 @@ def test_training_progress_lines(saved_models, docs_jsonl, tmp_path):
     assert lines[-1].endswith(", done")
 
 
+def test_resume_of_a_complete_artifact_with_other_options_is_refused(saved_models, docs_jsonl, tmp_path):
+    """--resume keeps a complete artifact as it is; asked with options that would make another one
+    (λ 2 labels over λ 1 labels, bf16 over fp32 training), it refuses and names them, writing nothing."""
+    labels = tmp_path / "labels"
+    base = ("pseudolabel", saved_models["bart"], docs_jsonl, "-o", labels, "--limit", "2", "--max-length", "4")
+    assert invoke(*base, "--lambda", "1").exit_code == 0
+    manifest = (labels / "modelshrink.json").read_bytes()
+    line = one_line_error(invoke(*base, "--lambda", "2.0", "--resume"), "--lambda 1.0 (now 2.0)", "--overwrite")
+    assert "complete" in line and (labels / "modelshrink.json").read_bytes() == manifest
+    again = invoke(*base, "--lambda", "1", "--resume", "--device", "cpu")  # where it runs makes no other labels
+    assert again.exit_code == 0 and "already complete" in again.stderr, again.stderr
+
+    student = tmp_path / "student"
+    train = ("distill", labels, "-o", student, "--teacher", saved_models["bart"], "--decoder-layers", "1",
+             "--max-steps", "1", "--batch-size", "2")
+    assert invoke(*train).exit_code == 0
+    one_line_error(invoke(*train, "--resume", "--precision", "bf16"), "--precision 'fp32' (now 'bf16')")
+    one_line_error(invoke(*train[:-4], "--max-steps", "2", "--batch-size", "2", "--resume"), "--max-steps 1 (now 2)")
+    assert "already complete" in invoke(*train, "--resume", "--save-every", "5").stderr
+
+
 def test_resume_of_a_complete_artifact_warns_when_a_parent_was_made_again(tmp_path):
     """--resume keeps a complete artifact as it is, but says so when an artifact it was made from has been
     remade since (a rerun of a pipeline after a parent was redone would otherwise keep a stale child)."""

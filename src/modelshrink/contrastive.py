@@ -214,7 +214,7 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     from modelshrink.models import resolve_device, save_model, source_length, task_of
 
     output = Path(output)
-    if finished(output, overwrite=overwrite, resume=resume, log=log):
+    if finished(output, overwrite=overwrite, resume=resume, log=log, recorded=options.recorded()):
         return output
     accelerator, writer = start_run(output, resolve_device(options.device), overwrite=overwrite, resume=resume,
                                     precision=options.precision)

@@ -252,7 +252,7 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     from modelshrink.models import resolve_device, save_model, source_length
 
     output = Path(output)
-    if finished(output, overwrite=overwrite, resume=resume, log=log):
+    if finished(output, overwrite=overwrite, resume=resume, log=log, recorded=options.recorded()):
         return output
     device = resolve_device(options.device)
     accelerator, writer = start_run(output, device, overwrite=overwrite, resume=resume, precision=options.precision)

@@ -73,7 +73,8 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
 
     output = Path(output)
     options = _predictions_of_eval_artifact(options)
-    if (output / "metrics.json").is_file() and finished(output, overwrite=overwrite, resume=resume, log=log):
+    if (output / "metrics.json").is_file() and finished(output, overwrite=overwrite, resume=resume, log=log,
+                                                          recorded=options.recorded()):
         return output, json.loads((output / "metrics.json").read_text())
     launch = shards.launch(options.device)
     check_precision(options.dtype, launch.device, "--dtype")

@@ -38,7 +38,8 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     only the main one writes it)."""
     log = log or (lambda message: None)
     output = Path(output)
-    if (output / "data.jsonl").is_file() and finished(output, overwrite=overwrite, resume=resume, log=log):
+    if (output / "data.jsonl").is_file() and finished(output, overwrite=overwrite, resume=resume, log=log,
+                                                        recorded=options.recorded()):
         return output
 
     # Everything that can be wrong with the input is checked before anything is written.

@@ -109,7 +109,7 @@ def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, *, 
     from modelshrink.efficiency import parameter_count
     from modelshrink.models import load_classifier, load_seq2seq, resolve_device
 
-    if finished(output, overwrite=overwrite, resume=resume, log=log):
+    if finished(output, overwrite=overwrite, resume=resume, log=log, recorded=options.recorded()):
         return Path(output)
     spec = options.spec
     writer = ArtifactWriter(output, overwrite=overwrite)
@@ -161,7 +161,7 @@ def quantize_seq2seq(options: QuantizeOptions, output: str | Path, *, overwrite:
 
     settings = distillation_settings(options)
     output = Path(output)
-    if finished(output, overwrite=overwrite, resume=resume, log=log):
+    if finished(output, overwrite=overwrite, resume=resume, log=log, recorded=options.recorded()):
         return output
     device = resolve_device(options.device)
     accelerator, writer = start_run(output, device, overwrite=overwrite, resume=resume, precision=options.precision)
@@ -226,7 +226,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
     if given:
         raise UserError(f"{', '.join('--' + k.replace('_', '-') for k in given)} do not apply to classifiers")
     output = Path(output)
-    if finished(output, overwrite=overwrite, resume=resume, log=log):
+    if finished(output, overwrite=overwrite, resume=resume, log=log, recorded=options.recorded()):
         return output
     spec = options.spec
     accelerator, writer = start_run(output, resolve_device(options.device), overwrite=overwrite, resume=resume,

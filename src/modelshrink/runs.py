@@ -2,7 +2,7 @@
 
 Every training step (distill, quantize, contrastive) reads the same way:
 
-    if finished(output, overwrite=..., resume=..., log=log): return output
+    if finished(output, overwrite=..., resume=..., log=log, recorded=options.recorded()): return output
     accelerator, writer = start_run(output, device, overwrite=..., resume=...)
     ... build the model(s) ...
     staging = open_run(accelerator, writer, options.recorded(), parents)
@@ -26,13 +26,29 @@ MAY_CHANGE_ON_RESUME = ("max_steps", "epochs", "eval_every", "save_every", "save
                         "early_stopping", "gradient_checkpointing")
 
 
-def finished(output: str | Path, *, overwrite: bool, resume: bool, log: Callable[[str], None]) -> bool:
-    """Whether `--resume` was asked of an output that is already complete (then the step does nothing)."""
+# Options that say where and how a run goes, not what it makes: a finished artifact asked to resume with
+# other values of these is still the artifact that was asked for.
+NO_EFFECT_ON_RESULT = ("device", "save_every", "save_total_limit", "log_every", "gradient_checkpointing")
+
+
+def finished(output: str | Path, *, overwrite: bool, resume: bool, log: Callable[[str], None],
+             recorded: dict[str, Any] | None = None) -> bool:
+    """Whether `--resume` was asked of an output that is already complete (then the step does nothing).
+    With `recorded` (the options as the manifest records them), a complete output made with other options
+    is refused, naming them: --resume keeps it as it is, which is not what those options ask for."""
     from modelshrink.artifacts import read_manifest
+    from modelshrink.errors import UserError
 
     manifest = read_manifest(output) if resume and not overwrite else None
     if manifest is None:
         return False
+    if recorded is not None:
+        before = manifest.get("options", {})
+        differ = [k for k in recorded if k in before and k not in NO_EFFECT_ON_RESULT and before[k] != recorded[k]]
+        if differ:
+            said = ", ".join(f"--{k.replace('_', '-')} {before[k]!r} (now {recorded[k]!r})" for k in differ)
+            raise UserError(f"{output} is complete and was made with other options: {said}; --resume keeps a "
+                            "complete artifact as it is: repeat its options, or pass --overwrite to make it again")
     log(f"{output} is already complete; nothing to resume")
     for role, path in changed_parents(manifest):
         log(f"warning: {output} was made from an earlier {path} ({role}), which has been made again since; "
