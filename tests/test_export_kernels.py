@@ -1,5 +1,6 @@
 """Which kernel computes each low-bit weight of an export (`modelshrink.onnx.kernels`): chosen by measurement or
-named with --kernel, reading the unrounded activations where it rounds them itself, unpacked once when a merged
+named with --kernel, reading the model's own activation codes (uint8 kernel) or the unrounded activations (where
+the kernel rounds them itself), unpacked once when a merged
 decoder loads; a runtime without a kernel's op is one line naming the export option that avoids it."""
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def test_integer_kernels_read_the_activation_before_the_models_own_rounding(tern
     report = json.loads((out / "export_report.json").read_text())
     model = onnx.load(str(out / "encoder_model.onnx"))
     producers = _producers(model.graph)
-    op = {"int8": "DynamicQuantizeMatMul", "nbits": "MatMulNBits", "float": "MatMul"}[kernel]
+    op = {"int8": "MatMulIntegerToFloat", "nbits": "MatMulNBits", "float": "MatMul"}[kernel]
     users = [n for n in model.graph.node if n.op_type == op and not n.input[1].startswith("/")]
     assert users
 
@@ -140,7 +141,16 @@ def test_integer_kernels_read_the_activation_before_the_models_own_rounding(tern
     if kernel == "float":  # a float matmul computes what PyTorch computes: the graph keeps its rounding
         assert encoder["inputs_unrounded"] == 0 and all(rounded(n.input[0]) for n in users)
         assert report["validation"]["rms_ratio"] < 1e-5
-    else:
+    elif kernel == "int8":  # the uint8 kernel reads the model's own codes of x (k + 128, clip(round(x / α)))
+        assert encoder["inputs_as_model_codes"] == len(users) and encoder["inputs_unrounded"] == 0
+        for n in users:
+            cast = producers[n.input[0]]
+            add = producers[cast.input[0]]
+            assert cast.op_type == "Cast" and add.op_type == "Add" and producers[add.input[0]].op_type == "Clip"
+        assert report["validation"]["rms_ratio"] < 1e-5  # the quantized model's products, exactly in integers
+        # the model in float64, the check's measure of what float rounding alone moves, is as close here
+        assert all(o["float64_rms_ratio"] < 1e-3 for o in report["validation"]["outputs"].values())
+    else:  # MatMulNBits rounds x per block of K itself: another rounding than the model's
         assert encoder["inputs_unrounded"] == len(users) and not any(rounded(n.input[0]) for n in users)
         assert report["validation"]["rms_ratio"] < 0.1  # 8-bit rounding noise, not a broken graph (~1)
 
@@ -153,7 +163,17 @@ def test_without_the_models_rounding_no_activation_is_rounded_in_the_graph(terna
                                  "none", *FAST])
     assert result.exit_code == 0, result.output  # within the check's tolerance
     for name in ("encoder_model.onnx", "decoder_model_merged.onnx"):
-        assert not any(n.op_type in ("Round", "Clip") for n in graph_nodes(onnx.load(str(out / name)).graph)), name
+        nodes = graph_nodes(onnx.load(str(out / name)).graph)
+        readers = {}
+        for n in nodes:
+            for i in n.input:
+                readers.setdefault(i, []).append(n)
+        # what rounding is left makes the uint8 kernel's codes: Round -> Clip -> Add 128 -> Cast to uint8
+        for clip in [n for n in nodes if n.op_type == "Clip"]:
+            assert [r.op_type for r in readers[clip.output[0]]] == ["Add"], name
+            assert [r.op_type for r in readers[readers[clip.output[0]][0].output[0]]] == ["Cast"], name
+        rounds = [n for n in nodes if n.op_type == "Round"]
+        assert rounds and all([r.op_type for r in readers[n.output[0]]] == ["Clip"] for n in rounds), name
     report = json.loads((out / "export_report.json").read_text())
     assert report["storage"]["encoder_model.onnx"]["roundings_shortened"] > 0
     assert report["validation"]["rms_ratio"] < 0.1
@@ -210,18 +230,20 @@ def test_a_kernel_the_runtime_lacks_is_one_line_naming_the_option_that_avoids_it
     from modelshrink.runtime.errors import UserError
 
     out = ternary_int8
-    lacking = _schemas_without("DynamicQuantizeMatMul")
+    lacking = _schemas_without("MatMulIntegerToFloat")
     monkeypatch.setattr(onnxruntime_pybind11_state, "get_all_operator_schema", lambda: lacking)
-    with pytest.raises(UserError, match="needs onnxruntime's DynamicQuantizeMatMul, which onnxruntime .* lacks; "
+    with pytest.raises(UserError, match="needs onnxruntime's MatMulIntegerToFloat, which onnxruntime .* lacks; "
                                         "upgrade onnxruntime .*, or export again with --kernel float"):
         load(out)
     # the export refuses to write such a graph, naming the same way out
-    _refused([str(ternary), "--kernel", "int8"], tmp_path / "o", "needs onnxruntime's DynamicQuantizeMatMul")
-    # left to choose, it measures only the kernels this onnxruntime has
+    _refused([str(ternary), "--kernel", "int8"], tmp_path / "o", "needs onnxruntime's MatMulIntegerToFloat")
+    # left to choose, it takes only the kernels this onnxruntime has (for the model's rounded inputs: float)
     auto = tmp_path / "auto"
     result = runner.invoke(app, ["export", str(ternary), "-o", str(auto), "--no-validate"])
     assert result.exit_code == 0, result.output
     report = json.loads((auto / "export_report.json").read_text())
-    measured = report["storage"]["encoder_model.onnx"]["kernels"]["measured"].values()
-    assert measured and not any(name.startswith("int8/") for entry in measured for name in entry["ms"])
-    assert "DynamicQuantizeMatMul" not in json.loads((auto / "modelshrink.json").read_text())["resolved"]["contrib_ops"]
+    encoder = report["storage"]["encoder_model.onnx"]
+    measured = encoder["kernels"]["measured"].values()
+    assert not any(name.startswith("int8/") for entry in measured for name in entry["ms"])
+    assert encoder["low_bit_kernels"] and "int8" not in encoder["low_bit_kernels"]
+    assert "MatMulIntegerToFloat" not in json.loads((auto / "modelshrink.json").read_text())["resolved"]["contrib_ops"]

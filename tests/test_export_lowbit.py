@@ -55,8 +55,9 @@ def _kernel_weights(folder: Path, tmp_path: Path) -> tuple[list[np.ndarray], lis
             codes = unpack(inits[node.input[1]], attrs["bits"], attrs["block_size"]).astype(np.float32)
             scales = inits[node.input[2]].reshape(attrs["N"], -1, 1)
             weights.append(((codes - 2 ** (attrs["bits"] - 1)) * scales).reshape(attrs["N"], -1)[:, :attrs["K"]])
-        elif node.op_type == "DynamicQuantizeMatMul":
-            b, scale, zero = (inits[n] for n in node.input[1:4])
+        elif node.op_type in ("DynamicQuantizeMatMul", "MatMulIntegerToFloat"):  # (A, B, [a_scale], b_scale, ...)
+            b, scale, zero = (inits[n] for n in (node.input[1:4] if node.op_type == "DynamicQuantizeMatMul" else
+                                                 (node.input[1], node.input[3], node.input[5])))
             weights.append(((b.astype(np.float32) - zero.astype(np.float32)) * scale).T)
         elif node.op_type in ("MatMul", "Gemm") and node.input[1] in inits and inits[node.input[1]].ndim == 2:
             transposed = any(a.name == "transB" and a.i for a in node.attribute)  # Gemm: a MatMul + Add fused
@@ -88,9 +89,11 @@ def test_low_bits_are_kept_exactly_and_pass_the_check(plain_models, tmp_path, fa
     # every matmul weight a kernel reads is exactly one of the quantized model's linear weights (alpha * b, bit for bit)
     assert weights and all(_digest(w) in linear for w in weights)
     kinds = {n.op_type for n in nodes}
-    expected = {"nbits": "MatMulNBits", "int8": "DynamicQuantizeMatMul", "float": "MatMul"}.get(kernel)
+    # the uint8 kernel reads the model's own codes of an input it rounds (all of them here: A is 8 bits)
+    expected = {"nbits": "MatMulNBits", "int8": "MatMulIntegerToFloat", "float": "MatMul"}.get(kernel)
     if expected:  # a named kernel computes every low-bit weight
-        assert expected in kinds and not ({"MatMulNBits", "DynamicQuantizeMatMul"} - {expected}) & kinds
+        integer = {"MatMulNBits", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
+        assert expected in kinds and not (integer - {expected}) & kinds
     report = json.loads((out / "export_report.json").read_text())
     stored = report["storage"]["encoder_model.onnx"]
     # (a scale a block of 32 weights at d 32 costs another bit a weight, and the unpacking its constants)

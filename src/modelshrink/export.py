@@ -212,8 +212,8 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
             atol = options.atol if options.atol is not None else (None if rtol else FLOAT_ATOL)
             log(f"validating against PyTorch on {len(texts)} documents")
             check = validate(model, tokenizer, folder, kind, texts, max_source_length, atol=atol, rtol=rtol,
-                             rms=options.int8 or options.int4 or bool(quantized), generation_docs=options.generation_docs,
-                             log=log)
+                             rms=options.int8 or options.int4 or bool(quantized), float_rounding=bool(quantized),
+                             generation_docs=options.generation_docs, log=log)
             report["validation"] = check
             failure = check.get("failure")
         (folder / "export_report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -260,7 +260,7 @@ def _weights(options: ExportOptions, quantized: dict[str, Any] | None, storage: 
         return "float32"
     widths = sorted({bits for s in storage.values() for bits in s.get("low_bit_widths", [])})
     if widths:
-        return (f"quantized: {' and '.join(map(str, widths))}-bit codes (MatMulNBits, DynamicQuantizeMatMul or float "
+        return (f"quantized: {' and '.join(map(str, widths))}-bit codes (MatMulNBits, uint8 or float "
                 "matmuls; GatherBlockQuantized)") + (
             " + " + INT8_SCALED if any(s.get("int8_initializers") for s in storage.values()) else "")
     return INT8_SCALED

@@ -4,8 +4,8 @@ A `quantize` artifact's weights are α·b with integer b (ternary, or |b| <= 2^(
 the traced graphs (the exporter renames and transposes linear weights, but it keeps their values exactly):
 - `keep_low_bits`: matmul weights and embedding tables as codes of their own width (ternary in 2 bits, 3-4-bit
   weights in 4, 5-8-bit weights in 8; `modelshrink.onnx.lowbit`), a tied output projection sharing its table's
-  codes, each matmul computing with the integer kernel measured fastest for it (`modelshrink.onnx.kernels`),
-  which rounds the activations itself;
+  codes, each matmul computing with the kernel measured fastest for it (`modelshrink.onnx.kernels`): the uint8
+  kernel on the model's own codes of its input (`integer_activations`), exactly the quantized product;
 - `compact_quantized`: the rest (a weight no such op reads) as int8 with a Cast and a Mul by its scale (per
   tensor, row or column), which onnxruntime folds into a float weight on load; about 4x smaller than float32.
 - `quantize_int8` (`--int8`): onnxruntime's dynamic quantization (8-bit weights with one scale per output
@@ -28,11 +28,12 @@ def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice, roundi
     """Rewrite the graph at `path`: every matmul weight and embedding table that is α·b with integer b (one α per
     tensor, per output column of a matmul, or per row of a table) is stored as codes of its own width (ternary
     2 bits, 3-4-bit weights 4, 5-8-bit weights 8; a table and its tied projection share one copy) and computes
-    with the kernel `choice` measures fastest for it (`modelshrink.onnx.kernels`). Where that kernel rounds the
-    activations itself (MatMulNBits at accuracy level 4, the uint8 kernel), the graph's own rounding of the
-    matmul's input, which the quantized model's tracing wrote, is taken out; the other roundings (attention's
-    queries, keys, values and probabilities) are shortened, or with `rounding="none"` taken out too. Returns what
-    was stored and how."""
+    with the kernel `choice` measures fastest for it (`modelshrink.onnx.kernels`; for an input the model rounds,
+    unless named, only kernels that compute with that rounding). The uint8 kernel then multiplies the model's
+    own codes of the input (`integer_activations`); where a kernel rounds the input itself (MatMulNBits at
+    accuracy level 4, the uint8 kernel on an input the model does not round), the graph's own rounding of it is
+    taken out. The other roundings (attention's queries, keys, values and probabilities) are shortened, or with
+    `rounding="none"` taken out too. Returns what was stored and how."""
     import onnx
     from onnx import numpy_helper
 
@@ -40,6 +41,15 @@ def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice, roundi
     graph = lowbit.LowBitGraph(model)
     pairs = lowbit.transposed_pairs(graph)
     inits = {i.name: i for i in model.graph.initializer}
+    producers = {out: node for node in model.graph.node for out in node.output}
+
+    def exact(names: list[str], options: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Where the model rounds the input of every matmul reading these weights, the kernels that compute with
+        its own codes (`int8`, `float`); MatMulNBits rounds per block of K, another rounding, only if named."""
+        readers = [node for name in names for node in graph.consumers.get(name, [])]
+        if readers and all(_rounded(producers, node.input[0]) for node in readers):
+            return [c for c in options if c[0] != lowbit.NBITS] if choice.kernel == kernels.AUTO else options
+        return options
     matmuls = tables = 0
     done: set[str] = set()
     for init in [i for i in model.graph.initializer if graph.gather_table(i)]:
@@ -48,8 +58,8 @@ def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice, roundi
         if found is None or size is None or (found[1].ndim and found[2] != 0):
             continue  # one α per row of the table (or for all): the blocks of its transpose, one column a row
         b, scale, _ = found
-        options = kernels.candidates_for(_threshold(b, thresholds))
         tied = [inits[name] for name in pairs.get(init.name, [])]
+        options = exact([t.name for t in tied], kernels.candidates_for(_threshold(b, thresholds)))
         kernel, bits = choice.choose(b.shape[1], b.shape[0], options, size) if tied else options[-1]
         matmuls += graph.as_tied(init, tied, lowbit.integer_blocks(b.T, scale, bits, size), kernel)
         done.update(name for name in pairs.get(init.name, []))
@@ -59,14 +69,16 @@ def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice, roundi
         if found is not None and (not found[1].ndim or found[2] == 1):  # one α per output column (or for all)
             b, scale, _ = found
             size = lowbit.block_size_for(b.shape[0]) or 16
-            kernel, bits = choice.choose(*b.shape, kernels.candidates_for(_threshold(b, thresholds)), size)
+            options = exact([init.name], kernels.candidates_for(_threshold(b, thresholds)))
+            kernel, bits = choice.choose(*b.shape, options, size)
             matmuls += graph.as_matmul(init, lowbit.integer_blocks(b, scale, bits, size), kernel=kernel)
     graph.finish()
+    codes = integer_activations(model.graph, graph.integer_nodes)
     unrounded = take_out_rounding(model.graph, graph.integer_nodes)
     shortened = shorten_rounding(model.graph, drop=rounding == "none")
     onnx.save(model, str(path))
-    return {"low_bit_matmuls": matmuls, "low_bit_tables": tables, "inputs_unrounded": unrounded,
-            "roundings_shortened": shortened,
+    return {"low_bit_matmuls": matmuls, "low_bit_tables": tables, "inputs_as_model_codes": codes,
+            "inputs_unrounded": unrounded, "roundings_shortened": shortened,
             "kernels": choice.report(), **graph.summary("low_bit")}
 
 
@@ -74,6 +86,64 @@ def _threshold(b: np.ndarray, thresholds: set[int]) -> int:
     """The smallest threshold that holds b: what its quantization's bits allow."""
     peak = int(np.abs(b).max()) if b.size else 0
     return min(th for th in thresholds if th >= peak)
+
+
+def _rounded(producers: dict[str, Any], name: str) -> bool:
+    """Whether tensor `name` is the quantized model's straight-through rounding of some x."""
+    return name in producers and _straight_through(producers, producers[name]) is not None
+
+
+def _step_of(producers: dict[str, Any], clip: Any) -> str | None:
+    """α of a rounding, the divisor of Div(x, α) under its Round (Casts of float to float in between)."""
+    name = clip.input[0]
+    for _ in range(4):
+        node = producers.get(name)
+        if node is None:
+            return None
+        if node.op_type == "Div":
+            return node.input[1]
+        name = node.input[0]
+    return None
+
+
+def integer_activations(graph: Any, nodes: list[Any]) -> int:
+    """Each of `nodes` that is the uint8 kernel (DynamicQuantizeMatMul, which would round its input once more, per
+    tensor and asymmetrically) and reads the model's straight-through rounding of x becomes MatMulIntegerToFloat on
+    the model's own codes: k = clip(round(x / α), -th, th) as uint8 k + 128 with scale α, the rounding's own nodes
+    computing k and α. The product is then the quantized model's, exactly in integers, up to float summation of
+    the scales. Returns the nodes changed."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    producers = {out: node for node in graph.node for out in node.output}
+    codes: dict[str, tuple[str, str]] = {}  # rounded tensor -> (uint8 codes, α), one per input read by several
+    new: list[tuple[Any, list[Any]]] = []
+    changed = 0
+    for node in nodes:
+        found = node.op_type == "DynamicQuantizeMatMul" and producers.get(node.input[0]) and _straight_through(
+            producers, producers[node.input[0]])
+        step = found and _step_of(producers, found[1])
+        if not step:
+            continue
+        rounded = node.input[0]
+        if rounded not in codes:
+            tag = rounded + "_codes"
+            new.append((found[1], [helper.make_node("Add", [found[1].output[0], "codes_offset_128"], [tag + "_float"],
+                                                    name=tag + "_float"),
+                                   helper.make_node("Cast", [tag + "_float"], [tag], name=tag, to=TensorProto.UINT8)]))
+            codes[rounded] = (tag, step)
+        a, alpha = codes[rounded]
+        b, b_scale, b_zero = node.input[1:4]
+        node.CopyFrom(helper.make_node("MatMulIntegerToFloat", [a, b, alpha, b_scale, "codes_zero_128", b_zero],
+                                       list(node.output), name=node.name + "_codes", domain=node.domain))
+        changed += 1
+    if changed:
+        graph.initializer.extend([numpy_helper.from_array(np.array(128.0, dtype=np.float32), "codes_offset_128"),
+                                  numpy_helper.from_array(np.array(128, dtype=np.uint8), "codes_zero_128")])
+    for after, extra in new:
+        at = list(graph.node).index(after) + 1
+        for offset, added in enumerate(extra):
+            graph.node.insert(at + offset, added)
+    return changed
 
 
 def take_out_rounding(graph: Any, nodes: list[Any]) -> int:

@@ -20,9 +20,11 @@ one packed copy; the lookup's [..., n_blocks, block_size] is reshaped to [..., D
 How a matmul computes on those codes is chosen per weight (`modelshrink.onnx.kernels` measures the choice):
 - `nbits`: MatMulNBits on the codes, `accuracy_level` 4: the activations are rounded to int8 per block of K
   and multiplied in integers;
-- `int8`: DynamicQuantizeMatMul (the kernel of `--int8`: activations rounded to uint8 per tensor, u8 x u8
-  products) on the codes as uint8 b + 128, one scale per output column; only for symmetric weights with one
-  scale per column (a `quantize` artifact's), which it then holds exactly;
+- `int8`: onnxruntime's uint8 kernel on the codes as uint8 b + 128, one scale per output column; only for
+  symmetric weights with one scale per column (a `quantize` artifact's), which it then holds exactly. Where the
+  model rounds the matmul's input itself (its activation bits), MatMulIntegerToFloat reads the model's own codes
+  of the input (`modelshrink.onnx.compress.integer_activations`) and computes exactly the quantized product;
+  elsewhere DynamicQuantizeMatMul (the kernel of `--int8`) rounds the input to uint8 per tensor;
 - `float`: a plain MatMul on the float weight.
 For `int8` and `float` the graph unpacks the codes with constant ops (BitShift, Sub, Cast, Mul, Reshape, Slice,
 Transpose) that onnxruntime folds into one initializer when the session loads: the file keeps the low bits,
@@ -69,6 +71,7 @@ def missing_ops(kernels: set[str] | frozenset[str] = frozenset(KERNELS)) -> list
         needed["MatMulNBits"] = ("bits", "accuracy_level")
     if INT8 in kernels:
         needed["DynamicQuantizeMatMul"] = ()
+        needed["MatMulIntegerToFloat"] = ()
     return [op if op not in schemas else f"{op}'s {attr}" for op, attrs in needed.items()
             for attr in (attrs if op in schemas else ("",)) if op not in schemas or attr not in schemas[op].attributes]
 

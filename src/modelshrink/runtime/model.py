@@ -68,7 +68,8 @@ def _tokenizer(path: Path) -> Any:
 
 
 # the export option that writes a folder without each com.microsoft op (modelshrink.onnx.lowbit's kernels)
-AVOIDED_BY = {"MatMulNBits": "--kernel float", "DynamicQuantizeMatMul": "--kernel float", "GatherBlockQuantized": "--int8"}
+AVOIDED_BY = {"MatMulNBits": "--kernel float", "DynamicQuantizeMatMul": "--kernel float",
+              "MatMulIntegerToFloat": "--kernel float", "GatherBlockQuantized": "--int8"}
 
 
 def _require_ops(needed: list[str], folder: str | os.PathLike) -> None:
