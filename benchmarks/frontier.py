@@ -14,7 +14,7 @@ finished one):
                             folder (888-6-6, 228-6-6, 228-6-3) instead of training them
 Then each form, on the first --docs validation documents (beam 4, no repeated trigram, sources <= 128 tokens,
 summaries <= 32): ROUGE-1/2/L with 95% intervals and a paired permutation test against the teacher (`eval`,
-resumable), MB on disk (weight files), peak RSS of a fresh process that loads the form and summarizes 16
+resumable), and ROUGE-L against the PyTorch model each export was made from (is it in that model's interval?), MB on disk (weight files), peak RSS of a fresh process that loads the form and summarizes 16
 documents at batch 16, batch-1 p50/p90 over --latency-docs documents (the forms taking turns, so a change of
 load hits all alike) and batch-16 docs/s (median of --rounds passes over --throughput-docs documents).
 It writes frontier.json into --work, the figure (--figure: ROUGE-L against batch-1 latency, marker area = MB)
@@ -164,6 +164,44 @@ def quality(forms: dict[str, tuple[str, Path]], validation: Path, args: argparse
     return results
 
 
+def pytorch_forms(forms: dict[str, tuple[str, Path]]) -> dict[str, Path]:
+    """Each exported form's PyTorch model: the `model` its export was made from (its manifest's parent)."""
+    from modelshrink.artifacts import read_manifest
+
+    found = {}
+    for name, (kind, path) in forms.items():
+        if kind == "onnx":
+            parent = next(p for p in read_manifest(path)["parents"] if p["role"] == "model")
+            found[name] = Path(parent["path"])
+    return found
+
+
+def against_pytorch(forms: dict[str, tuple[str, Path]], results: dict[str, dict], validation: Path,
+                    args: argparse.Namespace, log) -> dict[str, dict]:
+    """Each exported form's ROUGE-L against its PyTorch form's, on the same documents: {name: {"rougeL", "ci95",
+    "within"}}, `within` whether the export's ROUGE-L lies in the PyTorch form's 95% interval (each PyTorch model
+    evaluated once, in eval-pytorch-N; the teacher's is the frontier's first row)."""
+    from modelshrink.evaluate import evaluate
+    from modelshrink.options.eval import EvalOptions
+
+    teacher = Path(forms[TEACHER][1]).resolve()
+    scored: dict[Path, dict] = {teacher: {"rougeL": results[TEACHER]["rouge"]["rougeL"],
+                                          "ci95": results[TEACHER]["ci95"]["rougeL"]}}
+    found = {}
+    for name, model in pytorch_forms(forms).items():
+        model = model.resolve()
+        if model not in scored:
+            out = args.work / f"eval-pytorch-{len(scored)}"
+            log(f"evaluating the PyTorch form of {name} ({model}) on {args.docs} documents")
+            _, metrics = evaluate(EvalOptions(model=str(model), data=str(validation), limit=args.docs, latency_docs=0,
+                                              max_source_length=MAX_SOURCE, **GENERATION), out, resume=True, log=log)
+            metrics = metrics or json.loads((out / "metrics.json").read_text())
+            scored[model] = {"rougeL": metrics["rougeL"], "ci95": metrics["ci95"]["rougeL"], "path": str(model)}
+        low, high = scored[model]["ci95"]
+        found[name] = {**scored[model], "within": low <= results[name]["rouge"]["rougeL"] <= high}
+    return found
+
+
 def speed(forms: dict[str, tuple[str, Path]], docs: list[str], args: argparse.Namespace) -> dict[str, dict]:
     """Batch-1 p50/p90 seconds (forms taking turns) and batch-16 docs/s (median of --rounds passes)."""
     runs = {name: summarizer(kind, path) for name, (kind, path) in forms.items()}
@@ -219,6 +257,16 @@ def table(results: dict[str, dict]) -> list[str]:
                      f"[{ci[0]:.2f}, {ci[1]:.2f}] | {'' if p is None else f'{p:.3f}'} | {r['mb']:.1f} | "
                      f"{base['mb'] / r['mb']:.1f} | {r['rss_mb']:.0f} | {r['p50_ms']:.0f} | {r['p90_ms']:.0f} | "
                      f"{base['p50_ms'] / r['p50_ms']:.2f} | {r['docs_s']:.2f} |")
+    return lines
+
+
+def pytorch_table(results: dict[str, dict]) -> list[str]:
+    lines = ["| exported form | ROUGE-L | its PyTorch form's ROUGE-L [95% CI] | within the interval |", "|---|---|---|---|"]
+    for name, r in results.items():
+        if "pytorch" in r:
+            t = r["pytorch"]
+            lines.append(f"| {name} | {r['rouge']['rougeL']:.2f} | {t['rougeL']:.2f} [{t['ci95'][0]:.2f}, "
+                         f"{t['ci95'][1]:.2f}] | {'yes' if t['within'] else 'no'} |")
     return lines
 
 
@@ -308,6 +356,8 @@ def main() -> None:
                  "recipes/teacher-debian.sh")
     forms = make_forms(args, train, log)
     results = quality(forms, validation, args, log)
+    for name, found in against_pytorch(forms, results, validation, args, log).items():
+        results[name]["pytorch"] = found
     docs = [row["document"] for row in read_rows(validation, max(args.latency_docs, args.throughput_docs, 16))]
     for name, (kind, path) in forms.items():
         results[name]["mb"] = weight_mb(kind, path)
@@ -329,7 +379,8 @@ def main() -> None:
         f"{args.throughput_docs} documents ({args.rounds} passes); {len(os.sched_getaffinity(0))} threads. Machine: "
         f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, onnxruntime "
         f"{onnxruntime.__version__}. Command: `{command}` ({time.strftime('%Y-%m-%d')}).", "",
-        *table(results), "", verdict(results)])
+        *table(results), "", verdict(results), "", "Each exported form against the PyTorch model it was exported "
+        "from, on the same documents:", "", *pytorch_table(results)])
     publish("frontier", "frontier: what the whole chain buys", text, write=not args.no_write and not args.tiny)
 
 

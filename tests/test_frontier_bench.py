@@ -27,6 +27,10 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path):
         assert set(got["rouge"]) == {"rouge1", "rouge2", "rougeL"} and len(got["ci95"]["rougeL"]) == 2, name
         assert got["mb"] > 0 and got["rss_mb"] > 0 and got["p50_ms"] > 0 and got["docs_s"] > 0, name
         assert (got["against_teacher"] is None) == (name == "teacher, PyTorch"), name
+    # each export against the PyTorch model it came from (students' three exports share one evaluation)
+    pytorch = {name: got["pytorch"] for name, got in results.items() if "pytorch" in got}
+    assert set(pytorch) == set(forms) - {"teacher, PyTorch"}
+    assert pytorch["teacher, ONNX float32"]["within"] and len({t["path"] for t in pytorch.values() if "path" in t}) == 4
     # the teacher exported to float32 summarizes as the teacher does: a paired test of identical scores gives p = 1
     assert results["teacher, ONNX float32"]["against_teacher"]["rougeL"] == 1.0
     # each form's own process: the runtime's (no torch) holds far less than PyTorch's
@@ -35,7 +39,7 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path):
     assert mb["2-2-8 distillation-aware, ONNX"] < mb["8-8-8 distillation-aware, ONNX"] < mb["teacher, ONNX float32"]
     assert mb["2-2-8 (D 1) distillation-aware, ONNX"] < mb["2-2-8 distillation-aware, ONNX"]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
-    assert len(rows) == 1 + len(forms) and ("Target met" in result.stdout or "Target not met" in result.stdout)
+    assert len(rows) == 1 + len(forms) + 1 + len(pytorch) and ("Target met" in result.stdout or "Target not met" in result.stdout)
     # a rerun keeps every artifact the first run finished (nothing is trained or exported again)
     made = {p: p.stat().st_mtime for p in work.glob("*/modelshrink.json")}
     sys.path.insert(0, str(BENCH.parent))

@@ -49,9 +49,12 @@ QUANTIZED_RTOL = 0.1
 # float rounding alone (another summation order) flips the values at near ties, and the flips grow layer by
 # layer. Small models hardly have near ties; a trained one has many: the Debian teacher's 8-8-8 model moved by
 # 15-22% of an output's RMS between onnxruntime and PyTorch with every product computed exactly in integers. So
-# each output of a quantized model is also compared with the same PyTorch model in float64 (`FloatTwin`: the
-# model's own arithmetic, other float rounding), and its bound is the larger of QUANTIZED_RTOL and
-# FLOAT_ROUNDING_FACTOR times that difference. A broken graph is still at 1 or above.
+# the outputs of a quantized model are also compared with the same PyTorch model in float64 (`FloatTwin`: the
+# model's own arithmetic, other float rounding), and each output's bound is the larger of QUANTIZED_RTOL and
+# FLOAT_ROUNDING_FACTOR times the largest of those differences. The largest, not the output's own: flips are
+# rare events, and one run of the twin can flip none in a graph where the export flips a few (the 2-2-8 model:
+# its decoder's first step moved by 0 in float64 and by up to 12% in onnxruntime, while its encoder moved by 13%
+# in both). A broken graph is still at 1 or above.
 FLOAT_ROUNDING_FACTOR = 2.0
 # --int4 rounds weights only (activations stay float), but to 16 levels a block: each weight moves by ~8% of
 # the weights' RMS at block 32 (10% at 128), against ~0.5% at 8 bits, and each matmul's output by about as
@@ -243,8 +246,8 @@ def validate(model: Any, tokenizer: Any, folder: Path, kind: str, texts: list[st
     bounded by `atol` when given, else by `rtol` times each output's largest magnitude (with `rms`: the root mean
     square of the differences by `rtol` times the output's root mean square); with `rtol`
     (int8 graphs, quantized artifacts) token differences are listed but do not fail the check. With
-    `float_rounding` (a model that rounds its activations), each output's RMS bound is at least
-    FLOAT_ROUNDING_FACTOR times the RMS ratio between the model and its float64 twin (`FloatTwin`)."""
+    `float_rounding` (a model that rounds its activations), the RMS bound is at least FLOAT_ROUNDING_FACTOR times
+    the largest RMS ratio between the model and its float64 twin (`FloatTwin`)."""
     runtime = load(folder)
     diffs = output_differences(model, tokenizer, runtime, kind, texts, max_source_length)
     tolerance = atol if atol is not None else (f"RMS difference <= {rtol:g} x each output's RMS" if rms else
@@ -254,11 +257,15 @@ def validate(model: Any, tokenizer: Any, folder: Path, kind: str, texts: list[st
                                   kind, texts, max_source_length)
         for name, entry in diffs.items():
             entry["float64_rms_ratio"] = twin[name]["rms_ratio"]
-        tolerance += f" (or {FLOAT_ROUNDING_FACTOR:g} x the RMS difference of PyTorch in float64, if larger)"
+        moved = max(entry["rms_ratio"] for entry in twin.values())
+        if FLOAT_ROUNDING_FACTOR * moved > rtol:
+            tolerance = (f"RMS difference <= {FLOAT_ROUNDING_FACTOR:g} x {moved:.3g} x each output's RMS ({moved:.3g}: "
+                         "the most PyTorch in float64 moves an output)")
+            rtol = FLOAT_ROUNDING_FACTOR * moved
     failed = []
     for name, entry in diffs.items():
         if atol is None and rms:
-            entry["passed"] = entry["rms_ratio"] <= max(rtol, FLOAT_ROUNDING_FACTOR * entry.get("float64_rms_ratio", 0.0))
+            entry["passed"] = entry["rms_ratio"] <= rtol
         else:
             entry["passed"] = entry["max_abs_diff"] <= (atol if atol is not None else rtol * entry["reference_max_abs"])
         if not entry["passed"]:
