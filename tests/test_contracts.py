@@ -37,7 +37,7 @@ EXAMPLES = {
                               validation="valid.jsonl", eval_every=5, trust_remote_code=True, precision="bf16",
                               gradient_checkpointing=True),
     "quantize": QuantizeOptions(model="runs/student", bits="2-2-8", granularity="row", data="pairs.jsonl",
-                                decoder_layers=1, kd_attention=0.5, max_steps=4, metric="rougeL"),
+                                decoder_layers=1, kd_attention=0.5, max_steps=4, validation="valid.jsonl", metric="rougeL"),
     "contrastive": ContrastiveOptions(data="train.jsonl", teacher="runs/teacher", layer_ids=[0, 2], sar=False,
                                       storage=False, gamma=5e-2, epochs=1.5, max_tokens=512),
     "eval": EvalOptions(model="runs/student", data="valid.jsonl", against="runs/eval-base",

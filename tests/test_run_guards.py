@@ -376,3 +376,20 @@ def test_resume_of_a_complete_artifact_warns_when_a_parent_was_made_again(tmp_pa
     assert len(said) == 2 and said[1].startswith(f"warning: {child} was made from an earlier {parent} (data)")
     assert "--overwrite" in said[1]
     assert not finished(child, overwrite=True, resume=True, log=said.append)
+
+
+def test_options_the_run_would_ignore_are_refused(saved_models, docs_jsonl, tmp_path):
+    """An option that the given combination never reads is refused in one line naming it, nothing written:
+    validation settings without --validation, and anything but the bits and the model under --method direct."""
+    model = saved_models["bart"]
+    for extra, named in ((["--num-beams", "2"], "--num-beams goes with --method distill"),
+                         (["--max-target-length", "16", "--lr", "1e-3"], "--lr, --max-target-length go with")):
+        out = tmp_path / "direct"
+        one_line_error(invoke("quantize", model, "-o", out, "--method", "direct", *extra), named, "--method direct")
+        assert not out.exists()
+    out = tmp_path / "student"
+    train = ("distill", docs_jsonl, "-o", out, "--teacher", model, "--decoder-layers", "1", "--max-steps", "1")
+    one_line_error(invoke(*train, "--eval-every", "2", "--metric", "rougeL"), "--eval-every, --metric go with "
+                   "--validation", "add --validation DATA")
+    one_line_error(invoke(*train, "--early-stopping", "2"), "--early-stopping goes with --validation")
+    assert not out.exists()

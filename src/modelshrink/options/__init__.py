@@ -126,6 +126,12 @@ class Options:
     def check(self) -> None:
         """Rules between options (one excludes another, one needs another)."""
 
+    def given(self, names: set[str] | frozenset[str]) -> list[str]:
+        """The flags of the fields among `names` whose value is not their default (what a user asked for)."""
+        return [flag_of(f) for f in dataclasses.fields(self) if f.name in names and getattr(self, f.name) != (
+            f.default if f.default is not dataclasses.MISSING else
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)]
+
     def recorded(self) -> dict[str, Any]:
         """The options as a manifest records them: keyed as on the command line, plain TOML/JSON
         values; a valid `--config` table for this step."""

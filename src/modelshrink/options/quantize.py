@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any, ClassVar
 
 from modelshrink.errors import UserError
@@ -10,6 +11,9 @@ from modelshrink.options.generation import GEN
 from modelshrink.options.train import DATA, OPT, SPLITS, VAL, TrainOptions
 
 TRAIN = "Training (--method distill)"
+# all that `--method direct` reads; every other option goes with --method distill
+DIRECT_READS = frozenset({"model", "bits", "method", "granularity", "allow_low_activation_bits", "device",
+                          "trust_remote_code", "allow_pickle"})
 METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum", "accuracy", "f1", "mcc", "pearson", "spearman")
 
 
@@ -64,9 +68,10 @@ class QuantizeOptions(TrainOptions):
 
         self.spec: Any = parse_bits(self.bits, self.allow_low_activation_bits, self.granularity)
         if self.method == "direct":
-            if self.data or self.teacher or self.encoder_layers or self.decoder_layers:
-                raise UserError("--method direct quantizes the model as it is: --data, --teacher and layer counts go "
-                                "with --method distill")
+            ignored = self.given({f.name for f in fields(self)} - DIRECT_READS)
+            if ignored:
+                raise UserError(f"--method direct quantizes the model as it is, without data or training: "
+                                f"{', '.join(ignored)} {'goes' if len(ignored) == 1 else 'go'} with --method distill")
             return
         if self.data is None:
             raise UserError("--method distill trains: give --data (and a budget, --max-steps or --epochs)")

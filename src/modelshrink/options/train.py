@@ -15,6 +15,10 @@ VAL = "Validation"
 SPEED = "Precision and memory"
 
 
+# what only a run with --validation reads (a step's options may add --eval-limit)
+VALIDATION_ONLY = frozenset({"eval_every", "metric", "early_stopping", "eval_limit"})
+
+
 @options_class
 class TrainOptions(Options):
     """Training options shared by every step that trains (the steps' options extend these)."""
@@ -50,6 +54,12 @@ class TrainOptions(Options):
     def check(self) -> None:
         if self.max_steps is None and self.epochs is None:
             raise UserError("give a budget: --max-steps N or --epochs N")
+        if hasattr(self, "validation") and getattr(self, "validation") is None:
+            ignored = self.given(VALIDATION_ONLY)
+            if ignored:
+                raise UserError(f"{', '.join(ignored)} {'goes' if len(ignored) == 1 else 'go'} with --validation, "
+                                "which this run does not have: add --validation DATA or leave "
+                                f"{'it' if len(ignored) == 1 else 'them'} out")
 
     def train_options(self) -> "TrainOptions":
         """The TrainOptions part of a step's options (which extend these)."""
