@@ -393,3 +393,16 @@ def test_options_the_run_would_ignore_are_refused(saved_models, docs_jsonl, tmp_
                    "--validation", "add --validation DATA")
     one_line_error(invoke(*train, "--early-stopping", "2"), "--early-stopping goes with --validation")
     assert not out.exists()
+
+
+def test_a_model_in_an_unfinished_run_is_refused(saved_models, docs_jsonl, tmp_path):
+    """A staging folder is refused as any input: as data already, and as a model (--teacher, MODEL)."""
+    import shutil
+
+    staged = tmp_path / ".teacher.partial"
+    shutil.copytree(saved_models["bart"], staged)
+    one_line_error(invoke("pseudolabel", staged, docs_jsonl, "-o", tmp_path / "labels"), "belongs to an unfinished run",
+                   "--resume")
+    one_line_error(invoke("distill", docs_jsonl, "-o", tmp_path / "s", "--teacher", staged, "--decoder-layers", "1",
+                          "--max-steps", "1"), "teacher", "belongs to an unfinished run")
+    assert not (tmp_path / "labels").exists() and not (tmp_path / "s").exists()

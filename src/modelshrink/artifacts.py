@@ -150,6 +150,18 @@ def write_manifest(
     return manifest
 
 
+def in_staging(path: Path) -> bool:
+    """Whether `path` is, or lies inside, an unfinished run's staging folder (`.NAME.partial`) or is one of its
+    work files (`run.partial.json`, the parts)."""
+    return any(part.endswith(".partial") or ".partial." in part for part in path.resolve().parts)
+
+
+def unfinished_input(spec: str, what: str = "") -> str:
+    """The one line that refuses an input of an unfinished run (model or data)."""
+    return (f"{what + ' ' if what else ''}{spec} belongs to an unfinished run (a .partial staging folder or work "
+            "file), not to a finished artifact; finish that run with --resume and use its output")
+
+
 def verify_files(folder: str | os.PathLike) -> list[str]:
     """Files whose content no longer matches the manifest (empty when intact)."""
     folder = Path(folder)

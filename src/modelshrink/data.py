@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from modelshrink.artifacts import read_manifest
+from modelshrink.artifacts import in_staging, read_manifest, unfinished_input
 from modelshrink.errors import UserError
 # Which column is the text, the summary, the id: one rule, shared with the torch-free runtime.
 from modelshrink.runtime.columns import ID_COLUMNS, pick_columns, text_problem
@@ -173,19 +173,12 @@ def _split_files(folder: Path) -> dict[str, Path]:
     return found
 
 
-def _unfinished(path: Path) -> bool:
-    """Whether `path` is, or lies inside, an unfinished run's staging folder (`.NAME.partial`) or is
-    one of its work files (`run.partial.json`, the parts)."""
-    return any(part.endswith(".partial") or ".partial." in part for part in path.resolve().parts)
-
-
 def open_data(spec: str | os.PathLike, split: str | None = None) -> DataSource:
     """Open a dataset given as a path or a hub name. Raises UserError when it cannot be read."""
     spec = str(spec)
     path = Path(spec).expanduser()
-    if path.exists() and _unfinished(path):
-        raise UserError(f"{spec} belongs to an unfinished run (a .partial staging folder or work file), not to a "
-                        "finished artifact; finish that run with --resume and use its output")
+    if path.exists() and in_staging(path):
+        raise UserError(unfinished_input(spec))
     if path.is_dir():
         if read_manifest(path) is not None:
             if not (path / "data.jsonl").is_file():

@@ -46,8 +46,12 @@ def from_pretrained(loader: Callable[..., Any], spec: str, what: str, **kwargs: 
     # what the loaders raise for a missing, damaged or unreadable file (JSONDecodeError and
     # UnicodeDecodeError are ValueErrors); pickle errors come from --allow-pickle's torch.load
     failures = (OSError, ValueError, SafetensorError, EOFError, pickle.UnpicklingError)
+    from modelshrink.artifacts import in_staging, unfinished_input
+
     path = Path(spec).expanduser()
     if path.exists():
+        if in_staging(path):
+            raise UserError(unfinished_input(spec, what))
         if not path.is_dir():
             raise UserError(f"{what} {spec} is a file; expected a model folder (save_pretrained) or a hub name")
         check_files(path, what)
