@@ -234,9 +234,11 @@ def figure(results: dict[str, dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, r in results.items():
-        ax.scatter(r["p50_ms"], r["rouge"]["rougeL"], s=max(r["mb"], 1) * 2, alpha=0.5)
-        ax.annotate(name, (r["p50_ms"], r["rouge"]["rougeL"]), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    for index, (name, r) in enumerate(results.items(), 1):  # numbered points, named in the legend: names overlap
+        ax.scatter(r["p50_ms"], r["rouge"]["rougeL"], s=max(r["mb"], 1) * 2, alpha=0.5,
+                   label=f"{index}. {name}, {r['mb']:.0f} MB")
+        ax.annotate(str(index), (r["p50_ms"], r["rouge"]["rougeL"]), fontsize=8, ha="center", va="center")
+    ax.legend(fontsize=7, loc="lower right", markerscale=0.3)
     ax.set_xscale("log")
     ax.set_xlabel("batch-1 latency, p50 (ms, log scale)")
     ax.set_ylabel("ROUGE-L")
@@ -373,7 +375,7 @@ def main() -> None:
 
     command = "python benchmarks/frontier.py " + " ".join(sys.argv[1:])
     text = "\n".join([
-        f"Teacher `{args.teacher}`; the first {args.docs} documents of {validation} (beam 4, no repeated trigram, "
+        f"Teacher `{args.teacher}`; the first {args.docs} documents of {os.path.relpath(validation)} (beam 4, no repeated trigram, "
         f"sources ≤ {MAX_SOURCE} tokens); ROUGE 95% intervals by bootstrap, p: paired permutation test against the "
         f"teacher; latency over {args.latency_docs} documents taken in turn by every form, batch 16 over "
         f"{args.throughput_docs} documents ({args.rounds} passes); {len(os.sched_getaffinity(0))} threads. Machine: "
