@@ -93,15 +93,15 @@ def _rounded(producers: dict[str, Any], name: str) -> bool:
     return name in producers and _straight_through(producers, producers[name]) is not None
 
 
-def _step_of(producers: dict[str, Any], clip: Any) -> str | None:
-    """α of a rounding, the divisor of Div(x, α) under its Round (Casts of float to float in between)."""
+def _division_of(producers: dict[str, Any], clip: Any) -> Any | None:
+    """Div(x, α) under a rounding's Round (Casts of float to float in between)."""
     name = clip.input[0]
     for _ in range(4):
         node = producers.get(name)
         if node is None:
             return None
         if node.op_type == "Div":
-            return node.input[1]
+            return node
         name = node.input[0]
     return None
 
@@ -109,10 +109,11 @@ def _step_of(producers: dict[str, Any], clip: Any) -> str | None:
 def integer_activations(graph: Any, nodes: list[Any]) -> int:
     """Each of `nodes` that is the uint8 kernel (DynamicQuantizeMatMul, which would round its input once more, per
     tensor and asymmetrically) and reads the model's straight-through rounding of x becomes MatMulIntegerToFloat on
-    the model's own codes: k = clip(round(x / α), -th, th) as uint8 k + 128 with scale α, the rounding's own nodes
-    computing k and α. The product is then the quantized model's, exactly in integers, up to float summation of
-    the scales. Returns the nodes changed."""
-    from onnx import TensorProto, helper, numpy_helper
+    the model's own codes: k = round(x / α), with the rounding's own α, as uint8 k + 128 (QuantizeLinear with zero
+    point 128: one node for the Div, Round, Clip, Add and Cast it stands for, the same codes, since |x / α| <= th
+    <= 127 whether α is max|x| / th or a fixed range that x was clamped to). The product is then the quantized
+    model's, in integers, up to float summation of the scales. Returns the nodes changed."""
+    from onnx import helper, numpy_helper
 
     producers = {out: node for node in graph.node for out in node.output}
     codes: dict[str, tuple[str, str]] = {}  # rounded tensor -> (uint8 codes, α), one per input read by several
@@ -121,24 +122,22 @@ def integer_activations(graph: Any, nodes: list[Any]) -> int:
     for node in nodes:
         found = node.op_type == "DynamicQuantizeMatMul" and producers.get(node.input[0]) and _straight_through(
             producers, producers[node.input[0]])
-        step = found and _step_of(producers, found[1])
-        if not step:
+        division = found and _division_of(producers, found[1])
+        if not division:
             continue
         rounded = node.input[0]
         if rounded not in codes:
             tag = rounded + "_codes"
-            new.append((found[1], [helper.make_node("Add", [found[1].output[0], "codes_offset_128"], [tag + "_float"],
-                                                    name=tag + "_float"),
-                                   helper.make_node("Cast", [tag + "_float"], [tag], name=tag, to=TensorProto.UINT8)]))
-            codes[rounded] = (tag, step)
+            x, alpha = division.input[0], division.input[1]
+            new.append((division, [helper.make_node("QuantizeLinear", [x, alpha, "codes_zero_128"], [tag], name=tag)]))
+            codes[rounded] = (tag, alpha)
         a, alpha = codes[rounded]
         b, b_scale, b_zero = node.input[1:4]
         node.CopyFrom(helper.make_node("MatMulIntegerToFloat", [a, b, alpha, b_scale, "codes_zero_128", b_zero],
                                        list(node.output), name=node.name + "_codes", domain=node.domain))
         changed += 1
     if changed:
-        graph.initializer.extend([numpy_helper.from_array(np.array(128.0, dtype=np.float32), "codes_offset_128"),
-                                  numpy_helper.from_array(np.array(128, dtype=np.uint8), "codes_zero_128")])
+        graph.initializer.append(numpy_helper.from_array(np.array(128, dtype=np.uint8), "codes_zero_128"))
     for after, extra in new:
         at = list(graph.node).index(after) + 1
         for offset, added in enumerate(extra):
