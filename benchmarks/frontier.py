@@ -14,8 +14,8 @@ finished one):
                             folder (888-6-6, 228-6-6, 228-6-3) instead of training them
 Then each form, on the first --docs validation documents (beam 4, no repeated trigram, sources <= 128 tokens,
 summaries <= 32): ROUGE-1/2/L with 95% intervals and a paired permutation test against the teacher (`eval`,
-resumable), and ROUGE-L against the PyTorch model each export was made from (is it in that model's interval?), MB on disk (weight files), peak RSS of a fresh process that loads the form and summarizes 16
-documents at batch 16, batch-1 p50/p90 over --latency-docs documents (the forms taking turns, so a change of
+resumable), and ROUGE-L against the PyTorch model each export was made from (is it in that model's interval?),
+MB on disk (weight files), peak RSS of a fresh process that loads the form and summarizes 16 documents at batch 16, batch-1 p50/p90 over --latency-docs documents (the forms taking turns, so a change of
 load hits all alike) and batch-16 docs/s (median of --rounds passes over --throughput-docs documents).
 It writes frontier.json into --work, the figure (--figure: ROUGE-L against batch-1 latency, marker area = MB)
 and the table into BENCHMARKS.md (section frontier) unless --no-write.
