@@ -9,6 +9,7 @@ sample), beam 4 and outputs forced to --length tokens (minimum length = maximum 
 so all of them do the same work; 2 intra-op threads, 1 inter-op thread each. Systems (--systems):
   torch      PyTorch eager, float32 (`model.generate`)
   fp32 int8 int4   `modelshrink export` (plain, --int8, --int4), run by `modelshrink.runtime.load`
+  int8-traced      --int8 with --self-attention traced: the cache copied at every step instead of written in place
   ct2-fp32 ct2-int8   CTranslate2 (pip install ctranslate2, or modelshrink[bench]), compute type float32 / int8
   optimum    Optimum's ORTModelForSeq2SeqLM, only when MODELSHRINK_OPTIMUM_PYTHON names a Python with
              optimum-onnx (it needs transformers 4, which cannot sit beside ours): a server in that interpreter
@@ -41,8 +42,9 @@ from _report import publish
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "debian-descriptions"
-SYSTEMS = ["torch", "fp32", "int8", "int4", "ct2-fp32", "ct2-int8", "optimum"]
+SYSTEMS = ["torch", "fp32", "int8", "int8-traced", "int4", "ct2-fp32", "ct2-int8", "optimum"]
 LABELS = {"torch": "PyTorch eager fp32", "fp32": "modelshrink runtime fp32", "int8": "modelshrink runtime int8",
+          "int8-traced": "modelshrink runtime int8, self-attention traced",
           "int4": "modelshrink runtime int4", "ct2-fp32": "CTranslate2 fp32", "ct2-int8": "CTranslate2 int8",
           "optimum": "Optimum ORTModelForSeq2SeqLM fp32"}
 BASE = dict(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12, decoder_attention_heads=12,
@@ -98,14 +100,14 @@ def build_model(folder: Path, shape: dict, seed: int) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def timed_export(model: Path, folder: Path, flag: str | None, data: Path) -> dict:
+def timed_export(model: Path, folder: Path, flag: str | None, data: Path, **more) -> dict:
     """`modelshrink export` (with its validation) into `folder`: seconds in all and in validation."""
     from modelshrink.export import export_model
     from modelshrink.options.export import ExportOptions
 
     stamps: list[tuple[float, str]] = []
     start = time.perf_counter()
-    options = ExportOptions(model=str(model), data=str(data), **({flag: True} if flag else {}))
+    options = ExportOptions(model=str(model), data=str(data), **({flag: True} if flag else {}), **more)
     _, report = export_model(options, folder, overwrite=True, log=lambda m: stamps.append((time.perf_counter(), m)))
     total = time.perf_counter() - start
     began = next((t for t, m in stamps if m.startswith("validating")), None)
@@ -132,6 +134,37 @@ def tiny_bert2bert(folder: Path) -> Path:
         BertConfig(**common), BertConfig(**common, is_decoder=True, add_cross_attention=True))
     EncoderDecoderModel(config).save_pretrained(folder)
     return folder
+
+
+# ---------------------------------------------------------------- the physical limit
+
+def memory_bandwidth(threads: int, megabytes: int = 512, repeats: int = 5) -> float:
+    """Bytes per second this machine streams from memory: the fastest of `repeats` reads of an array far larger
+    than the caches (a sum of int64 words, split over `threads` threads; numpy releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    words = np.ones(megabytes * 2**20 // 8, dtype=np.int64)
+    parts = np.array_split(words, threads)
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = min(best, time.perf_counter() - start)
+    return words.nbytes / best
+
+
+def streaming_bound(shape: dict, length: int, bandwidth: float, bytes_per_weight: float = 1.0) -> dict:
+    """The least time one document can take at batch 1 when every decoder step reads the weights it multiplies
+    once from memory (`bytes_per_weight`: 1 for int8): per step the self-attention (4 d x d), the cross-attention's
+    query and output (2 d x d; its keys and values are computed once per document), the FFN (2 d x ffn) of every
+    decoder layer and the output projection (vocabulary x d); once per document the encoder's layers. Activations,
+    the cache and the search are left out: a floor, not an estimate."""
+    d, ffn = shape["d_model"], shape["decoder_ffn_dim"]
+    step = shape["decoder_layers"] * (6 * d * d + 2 * d * ffn) + shape["vocab_size"] * d
+    encoder = shape["encoder_layers"] * (4 * d * d + 2 * d * shape["encoder_ffn_dim"])
+    seconds = ((step * length) + encoder) * bytes_per_weight / bandwidth
+    return {"step_mb": step * bytes_per_weight / 1e6, "bandwidth_gb_s": bandwidth / 1e9, "seconds": seconds}
 
 
 # ---------------------------------------------------------------- measuring
@@ -174,7 +207,7 @@ def measure(systems: dict, docs: list[str], rounds: int, batch: int, log) -> dic
             for n in names}
 
 
-def table(results: dict, sizes: dict, docs: int, notes: dict) -> list[str]:
+def table(results: dict, sizes: dict, docs: int, notes: dict, bound: dict | None = None) -> list[str]:
     fp32 = sizes.get("fp32")
     ct2 = results.get("ct2-int8")
     lines = ["| system | MB on disk | vs runtime fp32 | batch-1 p50 ms | p90 ms | docs/s, batch 16 (median) "
@@ -191,7 +224,19 @@ def table(results: dict, sizes: dict, docs: int, notes: dict) -> list[str]:
         same = "" if r["same"] is None else f"{r['same']}/{docs}"
         lines.append(f"| {LABELS[name]} | {sizes[name] / 1e6:.1f} | {ratio} | {r['p50']:.1f} | {r['p90']:.1f} | "
                      f"{r['docs_s']:.3f} | {versus} | {', '.join(f'{x:.3f}' for x in r['every'])} | {same} |")
+    if bound:
+        lines.append(f"| weight-streaming bound, int8 weights ({bound['step_mb']:.1f} MB a decoder step at "
+                     f"{bound['bandwidth_gb_s']:.1f} GB/s) |  |  | {bound['seconds'] * 1000:.1f} |  |  |  |  |  |")
     return lines
+
+
+def against_bound(results: dict, bound: dict) -> str:
+    """Each int8 system's batch-1 p50 as a multiple of the weight-streaming bound (issue 29: aim for <= 1.5x)."""
+    parts = [f"{LABELS[n]} {results[n]['p50'] / (bound['seconds'] * 1000):.2f}×" for n in ("int8", "ct2-int8")
+             if n in results]
+    return ("Batch-1 p50 against the weight-streaming bound (`streaming_bound` in the script: the weights a "
+            f"decoder step multiplies read once from memory, × {bound['length']} steps, plus the encoder's; "
+            f"bandwidth measured by the script just before the systems): {', '.join(parts)}.") if parts else ""
 
 
 def prepare(args, work: Path, model_dir: Path, chosen: list[str], samples: Path, optimum_python: str | None,
@@ -199,10 +244,11 @@ def prepare(args, work: Path, model_dir: Path, chosen: list[str], samples: Path,
     """Exports (timed), CTranslate2 conversions and the Optimum export, each unless --reuse finds it."""
     exports_file = work / "export_times.json"
     exports = json.loads(exports_file.read_text()) if args.reuse and exports_file.is_file() else {}
-    for name, flag in (("fp32", None), ("int8", "int8"), ("int4", "int4")):
+    for name, flag in (("fp32", None), ("int8", "int8"), ("int8-traced", "int8"), ("int4", "int4")):
         if name in chosen and not (args.reuse and (work / f"export-{name}" / "modelshrink.json").is_file()):
-            log(f"modelshrink export {flag or 'fp32'}")
-            exports[name] = timed_export(model_dir, work / f"export-{name}", flag, samples)
+            log(f"modelshrink export {flag or 'fp32'}" + (" --self-attention traced" if "traced" in name else ""))
+            exports[name] = timed_export(model_dir, work / f"export-{name}", flag, samples,
+                                         **({"self_attention": "traced"} if "traced" in name else {}))
     if optimum_python and "optimum" in chosen and not (args.reuse and (work / "optimum" / "config.json").is_file()):
         log("Optimum export")
         try:
@@ -281,7 +327,7 @@ def main() -> None:
     for name in [n for n in chosen if n not in notes]:
         if name == "torch":
             systems[name], sizes[name] = torch_system(model_dir, **common)
-        elif name in ("fp32", "int8", "int4"):
+        elif name in ("fp32", "int8", "int8-traced", "int4"):
             systems[name], sizes[name] = runtime_system(work / f"export-{name}", threads=args.threads, **common)
         elif name.startswith("ct2-"):
             systems[name], sizes[name] = ct2_system(work / name, model_dir, name[4:].replace("fp32", "float32"),
@@ -290,14 +336,18 @@ def main() -> None:
             systems[name] = OptimumServer(optimum_python, work / "optimum", model_dir / "tokenizer.json",
                                           threads=args.threads, **common)
             sizes[name] = systems[name].size
+    bound = dict(streaming_bound(shape, args.length, memory_bandwidth(args.threads)), length=args.length)
+    log(f"weight-streaming bound: {bound['seconds'] * 1000:.0f} ms a document ({bound['bandwidth_gb_s']:.1f} GB/s)")
     log(f"measuring {', '.join(systems)} on {len(docs)} documents")
     results = measure(systems, docs, args.rounds, 16, log)
     if "optimum" in systems:
         systems["optimum"].close()
-    (work / "peers.json").write_text(json.dumps({"results": results, "sizes": sizes, "exports": exports,
+    (work / "peers.json").write_text(json.dumps({"results": results, "sizes": sizes, "exports": exports, "bound": bound,
                                                  "notes": notes, "student_ct2": student_ct2}, indent=2))
     lines = [describe(args, shape, len(docs), load_before, exports, sizes, student_ct2), ""]
-    lines += table(results, sizes, len(docs), notes)
+    lines += table(results, sizes, len(docs), notes, bound)
+    if note := against_bound(results, bound):
+        lines += ["", note]
     if args.student:
         lines += student_table(args, work, docs, log)
     publish("peers", "peers: the runtime beside PyTorch, CTranslate2 and Optimum", "\n".join(lines),

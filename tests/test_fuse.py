@@ -31,6 +31,11 @@ def test_fused_decoder_generates_the_tokens_pytorch_generates(plain_models, tmp_
     # by its position-bias code too, so its graph keeps one row per beam (the rewrite is all or nothing)
     assert report["per_document_matmuls"] == (0 if family == "t5" else 4)
     assert report["shape_only_constants"] == 1
+    # the traced cache code's one-input Concat in front of past keys and values (copies of them) are gone
+    assert report["single_input_concats"] == (7 if family == "bart" else 6)
+    # self-attention with past as GroupQueryAttention, the cache written in place (onnx/self_attention.py); T5's
+    # scores add a position bias computed from weights, which the op does not take: its graph stays as traced
+    assert report["self_attention_layers"] == (0 if family == "t5" else 2)
     model, tok, _ = load_seq2seq(str(plain_models[family]))
     enc = tok(DOCUMENTS[:5], padding=True, return_tensors="pt")  # padded: the masks matter
     expected = generate_ids(model, enc["input_ids"], enc["attention_mask"],
@@ -43,6 +48,7 @@ def test_fused_decoder_generates_the_tokens_pytorch_generates(plain_models, tmp_
             (folder / "modelshrink.json").write_text(json.dumps(manifest))
         runtime = load(folder)
         assert len(runtime.per_document) == report["per_document_matmuls"]
+        assert runtime.cache_in_place == (family != "t5")
         got = runtime.generate_ids(enc["input_ids"].numpy(), enc["attention_mask"].numpy(),
                                    runtime.settings(num_beams=3, min_length=6))
         np.testing.assert_array_equal(got, expected)

@@ -32,3 +32,15 @@ def test_peers_small_run_measures_every_available_system(tmp_path):
         assert report["student_ct2"].startswith("No conversion is registered")  # no bert2bert converter
     else:
         assert "ctranslate2 is not installed" in result.stderr
+    assert "weight-streaming bound, int8 weights" in result.stdout and report["bound"]["seconds"] > 0
+
+
+def test_the_weight_streaming_bound_counts_what_a_decoder_step_reads(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    import peers
+
+    bound = peers.streaming_bound(peers.BASE, 47, bandwidth=15e9)
+    # per step 6 decoder layers x (6 x 768² + 2 x 768 x 3072) and the 50265 x 768 output projection, one byte each
+    assert round(bound["step_mb"], 1) == 88.1
+    assert 0.27 < bound["seconds"] < 0.29  # issue 29's estimate for BART-base's shape: about 0.28 s a document
+    assert peers.memory_bandwidth(threads=1, megabytes=16, repeats=1) > 1e8

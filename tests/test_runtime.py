@@ -159,8 +159,9 @@ def test_documents_that_finish_early_leave_the_batch_and_tokens_still_match(tmp_
     assert runner.invoke(app, ["export", str(tmp_path / "m"), "-o", str(tmp_path / "x"), "--no-validate"]).exit_code == 0
     runtime = load(tmp_path / "x")
     rows = []
-    step = runtime._next_step
-    runtime._next_step = lambda tokens, mask, past: (rows.append(tokens.shape[0]), step(tokens, mask, past))[1]
+    step = runtime.run_decoder  # every decoder call, whichever cache the folder's decoder keeps
+    runtime.run_decoder = lambda feed, with_past, **kw: (rows.append(feed["input_ids"].shape[0]) if with_past else None,
+                                                         step(feed, with_past, **kw))[1]
     enc = tok(DOCUMENTS[:6], padding=True, return_tensors="pt")
     overrides = dict(num_beams=beams, max_length=20)
     got = runtime.generate_ids(enc["input_ids"].numpy(), enc["attention_mask"].numpy(), runtime.settings(**overrides))

@@ -28,6 +28,7 @@ from modelshrink.onnx.int4 import quantize_int4
 from modelshrink.onnx.kernels import KernelChoice
 from modelshrink.onnx.layout import apply_layout, check_layout
 from modelshrink.onnx.merge import merge_decoders, store_tied_once
+from modelshrink.onnx.self_attention import fuse_self_attention
 from modelshrink.onnx.validate import FLOAT_ATOL, INT4_RTOL, INT8_RTOL, QUANTIZED_RTOL, ExportCheckFailed, validate
 from modelshrink.options.export import ExportOptions
 from modelshrink.runtime.files import DECODER_MERGED, DECODER_WITH_PAST, ENCODER, INT8_SCALED
@@ -126,6 +127,11 @@ def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions,
                 f"{_kernel_counts(storage[name]['int4_kernels'])})")
     if kind == "seq2seq":  # cross-attention keys and values once per document, not per beam (onnx/fuse.py)
         storage["fused"] = fuse_decoder_with_past(folder / DECODER_WITH_PAST)
+        if options.self_attention == "fused":  # the cache written in place (onnx/self_attention.py)
+            storage["fused"].update(fuse_self_attention(folder / DECODER_WITH_PAST))
+            why = storage["fused"].get("self_attention_traced")
+            log(f"self-attention: {storage['fused']['self_attention_layers']} layers as GroupQueryAttention, the cache "
+                "written in place" if not why else f"self-attention kept as traced: {why}")
     if kind == "seq2seq" and options.merge:
         storage["merged"] = merge_decoders(folder)
         graphs = [ENCODER, DECODER_MERGED]

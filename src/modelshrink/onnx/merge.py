@@ -43,16 +43,19 @@ def merge_decoders(folder: Path) -> dict[str, int]:
     renamed: dict[str, dict[str, str]] = {}
     for tag, model in models.items():
         mapping = renamed[tag] = {}
+        overridable = {i.name for i in model.graph.input}  # an input's default (onnx/self_attention.py): its own name
         for init in model.graph.initializer:
             total += 1
             key = (init.data_type, tuple(init.dims), _digest(numpy_helper.to_array(init)))
-            name = by_value.get(key)
+            name = by_value.get(key) if init.name not in overridable else None
             if name is None:
                 name = init.name if init.name not in shared else f"{tag}/{init.name}"
                 copy = onnx.TensorProto()
                 copy.CopyFrom(init)
                 copy.name = name
-                shared[name], by_value[key] = copy, name
+                shared[name] = copy
+                if init.name not in overridable:
+                    by_value[key] = name
             mapping[init.name] = name
     outer = {i.name: i for tag in ("past", "first") for i in models[tag].graph.input}  # first's input_ids: any length
 

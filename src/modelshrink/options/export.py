@@ -46,6 +46,12 @@ class ExportOptions(Options):
                                          "tensor). [default: per channel]")
     merge: bool = opt(True, "Seq2seq: one decoder_model_merged.onnx (an If between first step and steps with past, "
                             "weights stored once) instead of decoder_model.onnx + decoder_with_past_model.onnx.")
+    self_attention: str = opt("fused", "Seq2seq: the decoder's self-attention with past as fused (onnxruntime's "
+                                       "GroupQueryAttention, the cache written in place in buffers the runtime "
+                                       "holds; where the traced attention is the plain pattern: not T5, not a "
+                                       "quantize artifact's --activation-rounding model) or traced (the exporter's "
+                                       "ops, a new cache tensor at every step; for a runtime without the op).",
+                              choices=("fused", "traced"))
     layout: str = opt("optimum", "The folder as a client loads it: optimum (graphs beside config.json, Optimum's "
                                  "ORTModelForSeq2SeqLM; every family) or transformers.js (graphs in onnx/ named by "
                                  "weight type, for @huggingface/transformers; bart, t5 and classifiers, not "

@@ -19,6 +19,7 @@ import numpy as np
 from .errors import UserError
 from .files import (CLASSIFIER, DECODER, DECODER_MERGED, DECODER_WITH_PAST, DEQUANTIZED, ENCODER, SEARCH_OPS,
                     graph_path, is_export)
+from .cache import PAST_LENGTH, InPlaceCache, _run_bound
 from .search import DOCUMENTS, beam_search, candidates, greedy
 from .settings import Search, search_from_configs
 
@@ -69,7 +70,8 @@ def _tokenizer(path: Path) -> Any:
 
 # the export option that writes a folder without each com.microsoft op (modelshrink.onnx.lowbit's kernels)
 AVOIDED_BY = {"MatMulNBits": "--kernel float", "DynamicQuantizeMatMul": "--kernel float",
-              "MatMulIntegerToFloat": "--kernel float", "GatherBlockQuantized": "--int8"}
+              "MatMulIntegerToFloat": "--kernel float", "GatherBlockQuantized": "--int8",
+              "GroupQueryAttention": "--self-attention traced"}
 
 
 def _require_ops(needed: list[str], folder: str | os.PathLike) -> None:
@@ -155,6 +157,8 @@ class ExportedModel:
             self.per_document = frozenset(n for n in self.past_names if inputs[n] and inputs[n][0] == DOCUMENTS)
             # the static axes (heads, head size, width) of the inputs that a merged decoder's other branch ignores
             self._static = {n: [d if isinstance(d, int) else 0 for d in shape] for n, shape in inputs.items()}
+            # a decoder whose self-attention writes its cache in place (modelshrink.onnx.self_attention)
+            self.cache_in_place = PAST_LENGTH in {i.name for i in self.decoder_with_past.get_overridable_initializers()}
             self.output_names = {"first": [o.name for o in self.decoder.get_outputs()],
                                  "past": [o.name for o in self.decoder_with_past.get_outputs()]}
             self.search = search_from_configs(self.config, self.generation)
@@ -245,19 +249,25 @@ class ExportedModel:
         shape[0] = batch  # every other dynamic axis (source, past length) empty
         return np.zeros(shape, dtype=np.float32)
 
-    def run_decoder(self, feed: dict[str, np.ndarray], with_past: bool) -> dict[str, np.ndarray]:
+    def run_decoder(self, feed: dict[str, np.ndarray], with_past: bool,
+                    into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """One decoder call, first step or with past (feed: that graph's inputs); every output by name.
-        With a merged decoder, the inputs only the other branch reads are fed empty."""
-        if not self.merged:
-            session = self.decoder_with_past if with_past else self.decoder
-            return dict(zip(self.output_names["past" if with_past else "first"], session.run(None, feed)))
-        feed = dict(feed, use_cache_branch=np.array([with_past]))
-        batch = feed["input_ids"].shape[0]
-        for name in self._static:
-            if name not in feed:
-                feed[name] = self._empty(name, batch)
-        out = dict(zip(self.output_names["first"], self.decoder.run(None, feed)))
-        return {n: v for n, v in out.items() if not (with_past and ".encoder." in n)}  # empty in that branch
+        With a merged decoder, the inputs only the other branch reads are fed empty. The outputs named in
+        `into` are written into those (C-contiguous) arrays, which may also be inputs: onnxruntime's
+        GroupQueryAttention then writes its one new cache position in place (runtime/cache.py)."""
+        session = self.decoder_with_past if with_past else self.decoder
+        names = self.output_names["past" if with_past and not self.merged else "first"]
+        if self.merged:
+            feed = dict(feed, use_cache_branch=np.array([with_past]))
+            batch = feed["input_ids"].shape[0]
+            for name in self._static:
+                if name not in feed:
+                    feed[name] = self._empty(name, batch)
+        if into is None:
+            out = dict(zip(names, session.run(None, feed)))
+        else:
+            out = _run_bound(session, names, feed, into)
+        return {n: v for n, v in out.items() if not (self.merged and with_past and ".encoder." in n)}  # empty there
 
     def _first_step(self, tokens: np.ndarray, hidden: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, dict]:
         out = self.run_decoder({"input_ids": tokens, "encoder_attention_mask": mask, "encoder_hidden_states": hidden},
@@ -277,10 +287,13 @@ class ExportedModel:
         """Token ids [batch, length] starting with the decoder start token, as `model.generate` returns them."""
         settings = settings or self.search
         hidden = self._encoder(input_ids, attention_mask)
+        first, following = self._first_step, self._next_step
+        if self.cache_in_place:  # the self-attention cache in buffers written in place (runtime/cache.py)
+            cache = InPlaceCache(self, capacity=settings.max_length)
+            first, following = cache.first_step, cache.next_step
         if settings.num_beams > 1:
-            return beam_search(self._first_step, self._next_step, self.search_ops, hidden, attention_mask, settings,
-                               self.per_document)
-        return greedy(self._first_step, self._next_step, hidden, attention_mask, settings)
+            return beam_search(first, following, self.search_ops, hidden, attention_mask, settings, self.per_document)
+        return greedy(first, following, hidden, attention_mask, settings)
 
     def _candidates(self, logits: np.ndarray, flat: np.ndarray, running_scores: np.ndarray, keep: int,
                     s: Search) -> tuple[np.ndarray, np.ndarray]:

@@ -139,12 +139,13 @@ def beam_search(first_step: FirstStep, next_step: NextStep, search_ops: Any, hid
         if not go_on:
             break
         # the self-attention cache follows its beams; most rows continue their own beam, so only the rows
-        # that moved are copied (in place: the decoder's outputs are this loop's own arrays)
+        # that moved are copied, and of them the positions filled (cur - 1: a cache written in place has
+        # room for more), in place: the decoder's outputs are this loop's own arrays
         moved = np.flatnonzero(reorder != np.arange(reorder.size))
         if moved.size:
             for name, value in past.items():
                 if ".decoder." in name:
-                    value[moved] = value[reorder[moved]]
+                    value[moved, :, :cur - 1] = value[reorder[moved], :, :cur - 1]
         if not improvable.all():
             # A document that cannot improve keeps its finished hypotheses from here on (transformers goes on
             # computing its beams, whose results are then masked out): it leaves the batch, so the decoder

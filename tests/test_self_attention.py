@@ -1,0 +1,152 @@
+"""modelshrink.onnx.self_attention and runtime/cache.py: the decoder's self-attention with past as onnxruntime's
+GroupQueryAttention, its cache in buffers written in place; the same numbers as the traced graph, both when a
+client feeds a growing past (Optimum, transformers.js) and when the runtime binds one buffer as past and present."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from conftest import DOCUMENTS
+from modelshrink.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def traced_and_fused(plain_models, tmp_path_factory):
+    """A tiny BART exported with separate decoders, self-attention as traced; the same decoder with past rewritten."""
+    from modelshrink.onnx.self_attention import fuse_self_attention
+
+    root = tmp_path_factory.mktemp("self_attention")
+    traced = root / "traced"
+    result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(traced), "--no-merge", "--no-validate",
+                                 "--self-attention", "traced"])
+    assert result.exit_code == 0, result.output
+    fused = root / "fused.onnx"
+    shutil.copy(traced / "decoder_with_past_model.onnx", fused)
+    assert fuse_self_attention(fused) == {"self_attention_layers": 2}
+    return traced, fused
+
+
+def _feed(rng, batch: int, past: int, source: int = 7) -> dict[str, np.ndarray]:
+    feed = {"input_ids": rng.integers(5, 30, (batch, 1)), "encoder_attention_mask": np.ones((batch, source), np.int64)}
+    feed["encoder_attention_mask"][0, -2:] = 0  # a padded source
+    for layer in range(2):
+        for kind in ("key", "value"):
+            feed[f"past_key_values.{layer}.decoder.{kind}"] = rng.normal(size=(batch, 4, past, 8)).astype(np.float32)
+            feed[f"past_key_values.{layer}.encoder.{kind}"] = rng.normal(size=(batch, 4, source, 8)).astype(np.float32)
+    return feed
+
+
+def test_the_rewritten_step_computes_what_the_traced_one_does(traced_and_fused):
+    import onnx
+    import onnxruntime as ort
+
+    from modelshrink.runtime.cache import PAST_LENGTH, _run_bound
+
+    traced, fused = traced_and_fused
+    ops = [n.op_type for n in onnx.load(str(fused)).graph.node]
+    before = [n.op_type for n in onnx.load(str(traced / "decoder_with_past_model.onnx")).graph.node]
+    # both layers' self-attention, and only it: cross-attention keeps its Softmax
+    assert ops.count("GroupQueryAttention") == 2 and (before.count("Softmax"), ops.count("Softmax")) == (4, 2)
+    a = ort.InferenceSession(str(traced / "decoder_with_past_model.onnx"), providers=["CPUExecutionProvider"])
+    b = ort.InferenceSession(str(fused), providers=["CPUExecutionProvider"])
+    assert PAST_LENGTH in {i.name for i in b.get_overridable_initializers()}
+    names = [o.name for o in a.get_outputs()]
+    feed = _feed(np.random.default_rng(0), batch=3, past=5)
+    expected = dict(zip(names, a.run(None, feed)))
+    # fed as Optimum feeds it (a past of its own length, past_sequence_length left out): the present grows by one
+    got = dict(zip(names, b.run(None, feed)))
+    for name in names:
+        assert got[name].shape == expected[name].shape
+        np.testing.assert_allclose(got[name], expected[name], atol=1e-5, err_msg=name)
+    # bound as the runtime binds it: buffers of 9 positions, 5 filled, each present written into its past
+    buffers = {}
+    for name, value in feed.items():
+        if ".decoder." in name:
+            buffers[name] = np.full((3, 4, 9, 8), 7.0, dtype=np.float32)
+            buffers[name][:, :, :5] = value
+    into = {"logits": np.empty_like(expected["logits"]),
+            **{n.replace("past_key_values", "present"): v for n, v in buffers.items()}}
+    _run_bound(b, names, {**feed, **buffers, PAST_LENGTH: np.array([5], np.int64)}, into)
+    np.testing.assert_allclose(into["logits"], expected["logits"], atol=1e-5)
+    for name, buffer in buffers.items():
+        present = expected[name.replace("past_key_values", "present")]
+        np.testing.assert_allclose(buffer[:, :, :6], present, atol=1e-5, err_msg=name)
+        assert (buffer[:, :, 6:] == 7.0).all()  # nothing written past the new position
+
+
+def test_a_bias_from_weights_or_a_second_reader_keeps_the_graph_as_traced(traced_and_fused, tmp_path):
+    import onnx
+    from onnx import helper
+
+    from modelshrink.onnx.self_attention import fuse_self_attention
+
+    traced, _ = traced_and_fused
+    path = tmp_path / "decoder.onnx"
+    model = onnx.load(str(traced / "decoder_with_past_model.onnx"))
+    # the present key of layer 1 read by one more node (as T5's position-bias code reads its keys)
+    model.graph.node.append(helper.make_node("Shape", ["present.1.decoder.key"], ["extra_shape"]))
+    model.graph.output.append(helper.make_tensor_value_info("extra_shape", onnx.TensorProto.INT64, [4]))
+    onnx.save(model, str(path))
+    before = path.read_bytes()
+    report = fuse_self_attention(path)
+    assert report["self_attention_layers"] == 0 and "layer 1" in report["self_attention_traced"]
+    assert path.read_bytes() == before  # all layers or none
+
+
+def test_the_runtime_gives_the_traced_export_s_tokens_and_grows_a_short_cache(plain_models, tmp_path, monkeypatch):
+    from modelshrink.runtime import cache, load
+
+    folders = {}
+    for how in ("traced", "fused"):
+        folders[how] = tmp_path / how
+        result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(folders[how]), "--no-validate",
+                                     "--self-attention", how])
+        assert result.exit_code == 0, result.output
+    contrib = {how: json.loads((f / "modelshrink.json").read_text())["resolved"]["contrib_ops"]
+               for how, f in folders.items()}
+    assert "GroupQueryAttention" in contrib["fused"] and "GroupQueryAttention" not in contrib["traced"]
+    traced, fused = load(folders["traced"]), load(folders["fused"])
+    assert fused.cache_in_place and not traced.cache_in_place
+    enc = fused.encode(DOCUMENTS[:5])
+    for beams in (1, 3):
+        settings = fused.settings(num_beams=beams, min_length=8, max_length=12)
+        expected = traced.generate_ids(enc["input_ids"], enc["attention_mask"], settings)
+        np.testing.assert_array_equal(fused.generate_ids(enc["input_ids"], enc["attention_mask"], settings), expected)
+        # a search longer than the buffers it was given: they double, the tokens stay the same
+        monkeypatch.setattr(cache.InPlaceCache, "__init__", _small_cache)
+        np.testing.assert_array_equal(fused.generate_ids(enc["input_ids"], enc["attention_mask"], settings), expected)
+        monkeypatch.undo()
+
+
+def _small_cache(self, model, capacity):
+    self.model, self.capacity, self.length, self.logits, self.vocab = model, 2, 0, None, 0
+
+
+def test_a_runtime_without_the_op_is_one_line_naming_the_option_that_avoids_it(plain_models, tmp_path, monkeypatch):
+    from onnxruntime.capi import onnxruntime_pybind11_state
+
+    from modelshrink.runtime import load
+    from modelshrink.runtime.errors import UserError
+
+    folder = tmp_path / "fused"
+    result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(folder), "--no-validate"])
+    assert result.exit_code == 0, result.output
+    lacking = [s for s in onnxruntime_pybind11_state.get_all_operator_schema()
+               if not (s.domain == "com.microsoft" and s.name == "GroupQueryAttention")]
+    monkeypatch.setattr(onnxruntime_pybind11_state, "get_all_operator_schema", lambda: lacking)
+    with pytest.raises(UserError, match="needs onnxruntime's GroupQueryAttention, which onnxruntime .* lacks; .*"
+                                        "export again with --self-attention traced"):
+        load(folder)
+    # an export on such an onnxruntime keeps the traced attention and says why
+    out = tmp_path / "here"
+    result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(out), "--no-validate"])
+    assert result.exit_code == 0, result.output
+    assert "self-attention kept as traced: onnxruntime" in result.output
+    assert not load(out).cache_in_place
