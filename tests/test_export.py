@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from conftest import build
@@ -88,6 +90,15 @@ def test_classifier_exports_and_predictions_agree(classifier_path, tmp_path):
     assert (tmp_path / "clf" / "model.onnx").is_file()
     report = json.loads((tmp_path / "clf" / "export_report.json").read_text())["validation"]
     assert report["predictions"]["equal"] and report["max_abs_diff"] < 1e-4
+    # not only the export's word for it: the runtime's logits are PyTorch's
+    from modelshrink.models import load_classifier
+    from modelshrink.runtime import load
+
+    model, tok = load_classifier(str(classifier_path))
+    texts = ["the quick brown fox", "a small library for parsing files and more words", "x"]
+    with torch.no_grad():
+        expected = model(**tok(texts, padding=True, return_tensors="pt")).logits.numpy()
+    np.testing.assert_allclose(load(tmp_path / "clf").logits(texts), expected, atol=1e-4)
 
 
 def test_classifier_int8_exports_with_integer_tables(classifier_path, tmp_path):

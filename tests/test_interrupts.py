@@ -33,7 +33,10 @@ from modelshrink.artifacts import read_manifest, staging_path
 from modelshrink.cli import app
 from modelshrink.options.train import TrainOptions
 from modelshrink.train import train
-from test_train import EXAMPLES, _collate, _loss, _toy  # the same toy task
+from toy_task import EXAMPLES
+from toy_task import collate as _collate
+from toy_task import loss as _loss
+from toy_task import toy_model as _toy
 
 runner = CliRunner()
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

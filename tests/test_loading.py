@@ -94,6 +94,15 @@ def test_quantizing_twice_writes_the_same_bytes(saved_models, tmp_path):
 
 # --- pickles ---------------------------------------------------------------------------------------
 
+def assert_same_weights(model, reference) -> None:
+    """Every tensor of `reference` in `model` under the same name, equal, and nothing else (an empty or short
+    state dict fails, which a zip() of the two would let pass)."""
+    got, expected = model.state_dict(), reference.state_dict()
+    assert expected and list(got) == list(expected)
+    for name, value in expected.items():
+        assert torch.equal(got[name], value), name
+
+
 def pickled(model: Path, tmp_path: Path, name: str = "pickled") -> Path:
     """The model of `model` with its weights as pytorch_model.bin only (an old-style checkpoint)."""
     from safetensors.torch import load_file
@@ -129,14 +138,14 @@ def test_a_classifier_follows_the_same_policy(classifier_path, tmp_path):
         load_classifier(str(folder))
     model, _ = load_classifier(str(folder), allow_pickle=True)
     reference, _ = load_classifier(str(classifier_path))
-    for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values()):
-        assert torch.equal(a, b), name
+    assert_same_weights(model, reference)
 
 
 def test_a_trainers_leftover_pickles_beside_safetensors_are_not_weights(saved_models, tmp_path):
     folder = copy(saved_models["bart"], tmp_path)
     torch.save({"lr": 1.0}, folder / "training_args.bin")
-    load_seq2seq(str(folder))
+    model, _, _ = load_seq2seq(str(folder))  # no --allow-pickle needed: the weights are the safetensors file's
+    assert_same_weights(model, load_seq2seq(str(saved_models["bart"]))[0])
 
 
 # --- lengths and positions -------------------------------------------------------------------------
@@ -271,7 +280,7 @@ def test_a_cached_hub_name_follows_the_pickle_policy(saved_models, tmp_path, mon
         load_seq2seq("tiny/pickled")
     model, _, _ = load_seq2seq("tiny/pickled", allow_pickle=True)
     reference, _, _ = load_seq2seq(str(saved_models["bart"]))
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+    assert_same_weights(model, reference)
 
 
 def test_a_warm_start_from_a_pickled_encoder_follows_the_policy(tmp_path):
@@ -289,7 +298,7 @@ def test_a_warm_start_from_a_pickled_encoder_follows_the_policy(tmp_path):
         init_encoder_decoder(str(folder))
     safe, _ = init_encoder_decoder(str(encoder), seed=0)
     loaded, _ = init_encoder_decoder(str(folder), seed=0, allow_pickle=True)
-    assert all(torch.equal(a, b) for a, b in zip(safe.state_dict().values(), loaded.state_dict().values()))
+    assert_same_weights(loaded, safe)
 
 
 def test_eval_of_a_classifier_truncates_to_its_positions(tmp_path):

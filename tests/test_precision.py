@@ -14,7 +14,9 @@ from safetensors.torch import load_file
 from torch import nn
 from typer.testing import CliRunner
 
-from test_train import EXAMPLES, _collate, _loss  # the same toy task, without dropout here
+from toy_task import EXAMPLES
+from toy_task import collate as _collate
+from toy_task import loss as _loss
 from conftest import DOCUMENTS, SUMMARIES, bart_tokenizer, bert_tokenizer, save_classifier, write_jsonl
 from modelshrink.artifacts import read_manifest, staging_path
 from modelshrink.cli import app
@@ -111,6 +113,12 @@ def test_bf16_contrastive_with_gradient_checkpointing(classifiers, tmp_path):
                                          precision="bf16", gradient_checkpointing=True), tmp_path / "c")
     last = _log(out)[-1]
     assert all(torch.isfinite(torch.tensor(last[k])) for k in ("loss", "ce", "kd", "pt", "acdl"))
+    # the same first step in float32 without checkpointing: bf16 moves the loss by rounding, not more
+    plain = contrastive(ContrastiveOptions(data=str(data), teacher=str(teacher), layers=1, feature_map="copied",
+                                           max_steps=1, batch_size=4, log_every=1, storage_size=8, device="cpu"),
+                        tmp_path / "plain")
+    bf16, fp32 = _log(out)[0]["loss"], _log(plain)[0]["loss"]
+    assert bf16 == pytest.approx(fp32, rel=0.05) and bf16 != fp32
     resolved = read_manifest(out)["resolved"]
     assert resolved["precision"] == "bf16" and resolved["gradient_checkpointing"] is True
     assert resolved["processes"] == 1
@@ -124,6 +132,10 @@ def test_bf16_quantized_classifier_with_gradient_checkpointing(classifiers, tmp_
                    tmp_path / "q")
     last = _log(out)[-1]
     assert last["kd_hidden"] > 0 and torch.isfinite(torch.tensor(last["loss"]))
+    plain = quantize(QuantizeOptions(model=str(teacher), bits="2-2-8", data=str(data), max_steps=1, batch_size=4,
+                                     log_every=1, device="cpu"), tmp_path / "plain")
+    bf16, fp32 = _log(out)[0]["loss"], _log(plain)[0]["loss"]
+    assert bf16 == pytest.approx(fp32, rel=0.05) and bf16 != fp32
     resolved = read_manifest(out)["resolved"]
     assert resolved["kind"] == "classifier" and resolved["precision"] == "bf16"
     assert resolved["gradient_checkpointing"] is True and resolved["processes"] == 1

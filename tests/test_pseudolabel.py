@@ -53,9 +53,21 @@ def test_lambda_one_equals_plain_generation(family, saved_models, docs_jsonl, tm
 
 
 def test_temperature_changes_the_summaries(saved_models, docs_jsonl, tmp_path):
-    one = read_rows(pseudolabel(_options(saved_models["bart"], docs_jsonl), tmp_path / "a"))
-    two = read_rows(pseudolabel(_options(saved_models["bart"], docs_jsonl, lam=3.0), tmp_path / "b"))
-    assert [r["summary"] for r in one] != [r["summary"] for r in two]
+    """λ = 3 labels are what `generate` writes with every attention at λ = 3 (PLATE's temperature), one
+    document at a time, and they are not λ = 1's."""
+    from modelshrink.models import load_seq2seq
+    from modelshrink.plate import attention_temperature, lambdas_by_kind
+
+    one = read_rows(pseudolabel(_options(saved_models["bart"], docs_jsonl, limit=5), tmp_path / "a"))
+    three = read_rows(pseudolabel(_options(saved_models["bart"], docs_jsonl, lam=3.0, limit=5), tmp_path / "b"))
+    model, tok, family = load_seq2seq(str(saved_models["bart"]))
+    expected = []
+    with attention_temperature(family.attention_modules(model), lambdas_by_kind(3.0)), torch.no_grad():
+        for doc in DOCUMENTS[:5]:
+            ids = model.generate(**tok(doc, return_tensors="pt"), num_beams=2, max_length=10)
+            expected.append(tok.decode(ids[0], skip_special_tokens=True).strip())
+    assert [r["summary"] for r in three] == expected
+    assert [r["summary"] for r in one] != expected
 
 
 def test_random_lambda_is_seeded_recorded_and_independent_of_batching(saved_models, docs_jsonl, tmp_path):

@@ -11,6 +11,10 @@ from torch import nn
 
 from modelshrink.options.train import TrainOptions
 from modelshrink.train import TrainingDiverged, TrainState, latest_checkpoint, train
+from toy_task import EXAMPLES
+from toy_task import collate as _collate
+from toy_task import loss as _loss
+from toy_task import toy_model as _toy
 
 
 class Recording(Accelerator):
@@ -27,24 +31,6 @@ class Recording(Accelerator):
         norm = super().clip_grad_norm_(parameters, max_norm, norm_type)
         self.after.append(torch.cat([p.grad.flatten().clone() for p in parameters]))
         return norm
-
-
-def _toy(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.1), nn.Tanh(), nn.Linear(8, 1))
-
-
-EXAMPLES = [{"x": [float(i), float(i % 3), 1.0, -float(i) / 4], "y": float(i % 2), "length": 1} for i in range(8)]
-
-
-def _collate(batch):
-    return {"x": torch.tensor([b["x"] for b in batch]), "y": torch.tensor([b["y"] for b in batch]),
-            "tokens": len(batch)}
-
-
-def _loss(model, batch):
-    loss = nn.functional.mse_loss(model(batch["x"]).squeeze(-1), batch["y"])
-    return loss, {"loss": loss.detach()}
 
 
 def _options(**kw) -> TrainOptions:

@@ -9,7 +9,9 @@
    (`quantize --method distill`), stored as integers;
 5. evaluation: teacher, both students and both quantized students on the bundled validation sample,
    the λ = 2 student tested against the λ = 1 student, side by side with their sizes on disk
-   (`eval`, `eval --compare`).
+   (`eval`, `eval --compare`);
+6. export: the compressed student with the best ROUGE-1 to ONNX, checked against PyTorch, its summaries
+   from the torch-free runtime (`export`, `modelshrink.runtime`).
 
 Every step writes an ordinary artifact into the output folder; the same chain can be run command by
 command (README.md shows it). The budget is small so that the whole chain fits in about 15 minutes

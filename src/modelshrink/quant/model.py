@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from torch.nn.utils import parametrize
 
 from modelshrink.errors import UserError
 from modelshrink.families import ENCODER_DECODER_TYPE
@@ -161,10 +160,3 @@ def load_quantized(folder: str | os.PathLike) -> torch.nn.Module:
         model.generation_config = GenerationConfig.from_pretrained(folder)
     model.modelshrink_quant_spec = spec
     return model.eval()
-
-
-def strip_parametrizations(model: torch.nn.Module) -> None:
-    """Bake fake-quantized weights into plain weights (for inference after training)."""
-    for module in list(model.modules()):
-        if parametrize.is_parametrized(module, "weight"):
-            parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
