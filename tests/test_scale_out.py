@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from conftest import DOCUMENTS, SUMMARIES, read_rows, write_jsonl
@@ -59,8 +60,11 @@ def test_two_processes_write_the_dataset_one_process_writes(saved_models, many_d
     one = pseudolabel(_options(saved_models["bart"], many_docs, lambda_range=(1.0, 2.0), seed=5, num_beams=3),
                       tmp_path / "one")
     two = tmp_path / "two"
+    # no --device on a machine without CUDA: `auto` is the CPU under the launcher too (it once took the other
+    # process for a second writer of the same output)
+    device = ["--device", "cpu"] if torch.cuda.is_available() else []
     result = run(accelerate(2, "pseudolabel", saved_models["bart"], many_docs, "-o", two, "--lambda-range", "1", "2",
-                            "--seed", "5", "--num-beams", "3", "--batch-size", "4", "--device", "cpu"))
+                            "--seed", "5", "--num-beams", "3", "--batch-size", "4", *device))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines() == [str(two)]  # one process prints the path
     assert (two / "data.jsonl").read_bytes() == (one / "data.jsonl").read_bytes()

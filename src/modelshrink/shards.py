@@ -66,17 +66,18 @@ class Launch:
 
 def launch(device: str) -> Launch:
     """Where this process stands: under a launcher (WORLD_SIZE > 1) accelerate's PartialState joins
-    the process group and picks this process's GPU (or the CPU with `--device cpu`); alone, the
-    device is `device` resolved."""
+    the process group and picks this process's GPU (or the CPU with `--device cpu`, or `auto` on a
+    machine without CUDA); alone, the device is `device` resolved."""
     from modelshrink.models import resolve_device
 
+    resolved = resolve_device(device)  # auto: the CPU on a machine without CUDA, launcher or not
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from accelerate import PartialState
 
-        state = PartialState(cpu=device == "cpu")
-        chosen = "cpu" if device == "cpu" else str(state.device)
+        state = PartialState(cpu=resolved == "cpu")
+        chosen = "cpu" if resolved == "cpu" else str(state.device)
         return Launch(state.process_index, state.num_processes, chosen)
-    return Launch(0, 1, resolve_device(device))
+    return Launch(0, 1, resolved)
 
 
 def part_path(staging: Path, rank: int, world: int) -> Path:
