@@ -5,7 +5,7 @@
   quantize artifacts, their kernels chosen by measurement) and a classifier;
 - Optimum's ORTModelForSeq2SeqLM loads the default layout (tests/optimum/generate.py): bart, t5, bert2bert and a
   classifier. optimum-onnx 0.1 needs transformers < 4.58, so it runs in the interpreter that MODELSHRINK_OPTIMUM_PYTHON
-  names; there the runtime also loads Optimum's own exports.
+  names, one process for the session; there the runtime also loads Optimum's own exports.
 Each client's tests skip, saying why, where the client is not installed. The searches are greedy (transformers.js
 4.3 ignores num_beams; Optimum also runs beam 2): the tiny random models repeat one token, so one search bans repeats
 (no_repeat_ngram_size=1), which makes every step's choice depend on the whole ranking of the logits.
@@ -17,6 +17,8 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -207,8 +209,42 @@ def test_transformers_js_classifies_as_the_runtime(transformers_js, exported):
 
 # ------------------------------------------------------------------ Optimum (its own interpreter)
 
+class OptimumProcess:
+    """tests/optimum/generate.py in the Optimum interpreter, one process for the session's requests."""
+
+    def __init__(self, python: str):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # not this environment's transformers 5
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.process = subprocess.Popen([python, str(OPTIMUM_SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=self.log, text=True, env=env)
+
+    def __call__(self, request: dict, timeout: float = 600) -> dict:
+        watchdog = threading.Timer(timeout, self.process.kill)  # a hung request fails its test, not the session
+        watchdog.start()
+        try:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            for line in self.process.stdout:
+                if line.startswith("RESULT "):
+                    result = json.loads(line[len("RESULT "):])
+                    assert "error" not in result, result["error"][-3000:]
+                    return result
+        finally:
+            watchdog.cancel()
+        self.log.seek(0)
+        raise AssertionError(f"Optimum's process ended (code {self.process.wait()}): {self.log.read()[-3000:]}")
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
 @pytest.fixture(scope="session")
-def optimum_python() -> str:
+def optimum():
     python = os.environ.get(OPTIMUM_PYTHON)
     if not python:
         pytest.skip(f"{OPTIMUM_PYTHON} is not set: optimum-onnx 0.1 needs transformers < 4.58, so it needs its own "
@@ -216,42 +252,36 @@ def optimum_python() -> str:
                     f"transformers==4.57.6, then {OPTIMUM_PYTHON}=V/bin/python")
     if shutil.which(python) is None:
         pytest.fail(f"{OPTIMUM_PYTHON}={python} is not an executable")
-    return python
-
-
-def _optimum(python: str, request: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # not this environment's transformers 5
-    result = subprocess.run([python, str(OPTIMUM_SCRIPT)], input=json.dumps(request), capture_output=True, text=True,
-                            timeout=600, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    process = OptimumProcess(python)
+    yield process
+    process.close()
 
 
 @pytest.mark.parametrize("model", ["bart", "t5", "bert2bert", "bart-2-2-8", "bart-8-8-8"])
-def test_optimum_generates_the_runtimes_tokens(optimum_python, exported, plain_models, model):
+def test_optimum_generates_the_runtimes_tokens(optimum, exported, plain_models, model):
     folder = exported(model)  # quantize artifacts: 2-bit codes (2-2-8), 8-bit codes (8-8-8)
     searches = [*SEARCHES, {"num_beams": 2, "max_length": 12}]
     ids, expected = _runtime_tokens(folder, searches)
-    got = _optimum(optimum_python, {"folder": str(folder), "input_ids": ids, "searches": searches})
+    got = optimum({"folder": str(folder), "input_ids": ids, "searches": searches})
     assert got["generated"] == expected
     if model in plain_models:
         assert expected == _pytorch_tokens(plain_models[model], ids, searches)
 
 
-def test_optimum_classifies_as_the_runtime(optimum_python, exported):
+def test_optimum_classifies_as_the_runtime(optimum, exported):
     from modelshrink.runtime import load
 
     folder = exported("classifier")
     runtime = load(folder)
     ids = [runtime.encode([doc])["input_ids"][0].tolist() for doc in DOCS]
-    got = _optimum(optimum_python, {"folder": str(folder), "input_ids": ids, "classify": True})
+    got = optimum({"folder": str(folder), "input_ids": ids, "classify": True})
     np.testing.assert_allclose(got["logits"], [runtime.logits([doc])[0].tolist() for doc in DOCS], atol=1e-5)
 
 
 @pytest.mark.parametrize("model", ["bart", "t5"])  # Optimum's exporter has no bert2bert with past
-def test_the_runtime_runs_optimums_own_export(optimum_python, exported, plain_models, model, tmp_path):
+def test_the_runtime_runs_optimums_own_export(optimum, exported, plain_models, model, tmp_path):
     folder = tmp_path / f"optimum-{model}"
-    _optimum(optimum_python, {"folder": str(plain_models[model]), "export": str(folder)})
+    optimum({"folder": str(plain_models[model]), "export": str(folder)})
     for name in ("tokenizer.json", "tokenizer_config.json"):  # transformers 4 cannot load a transformers 5 tokenizer
         shutil.copy(plain_models[model] / name, folder / name)
     assert _runtime_tokens(folder, SEARCHES) == _runtime_tokens(exported(model), SEARCHES)

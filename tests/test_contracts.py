@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from conftest import DOCUMENTS, SUMMARIES, save_classifier, bert_tokenizer, write_jsonl
 from modelshrink.artifacts import read_manifest, sha256_file
 from modelshrink.cli import app
-from modelshrink.commands._generate import OPTIONS_OF
+from modelshrink.commands._from_options import OPTIONS_OF
 from modelshrink.options import flag_of, spec_of, to_toml
 from modelshrink.options.contrastive import ContrastiveOptions
 from modelshrink.options.distill import DistillOptions

@@ -42,7 +42,7 @@ def _load_config(path: Path, group) -> dict:
     """A TOML recipe as Click's default_map: one table per command, keyed by option names as on the
     command line or in a manifest (`lambda`, `num-beams` or `num_beams`). The command line wins."""
     from modelshrink.commands._common import fail
-    from modelshrink.commands._generate import read_recipe, recipe_defaults
+    from modelshrink.commands._from_options import read_recipe, recipe_defaults
 
     default_map = {}
     for command_name, section in read_recipe(path).items():

@@ -67,7 +67,7 @@ def to_bins(values: list[float], edges: list[float]) -> list[int]:
 def build_models(options: ContrastiveOptions, log: Callable[[str], None]) -> dict[str, Any]:
     """Teacher (or None), student, tokenizer and the student's layer map; one-line errors for
     models that cannot be paired."""
-    from modelshrink.distill import _same_tokenizer
+    from modelshrink.models import tokenizer_mismatch
     from modelshrink.models import is_classifier, load_classifier, load_config, task_of
     from modelshrink.shrink import first_layer_ids, shrink_encoder, spaced_layer_ids
 
@@ -90,7 +90,7 @@ def build_models(options: ContrastiveOptions, log: Callable[[str], None]) -> dic
         student, student_tok = load_classifier(options.student, "student", options.trust_remote_code,
                                                new_head=head, allow_pickle=options.allow_pickle)
         if teacher is not None:
-            why = _same_tokenizer(tokenizer, student_tok)
+            why = tokenizer_mismatch(tokenizer, student_tok)
             if why:
                 raise UserError(f"teacher and student tokenizers differ ({why}); distillation needs the same one")
             if student.config.num_labels != teacher.config.num_labels:

@@ -38,21 +38,9 @@ def check_widths(teacher: Any, student: Any, options: DistillOptions) -> None:
                         f"teacher's: {dims[0]} vs {dims[1]}")
 
 
-def _same_tokenizer(a: Any, b: Any) -> str | None:
-    """Why two tokenizers differ for word-level losses (which compare distributions over ids)."""
-    if len(a) != len(b):
-        return f"vocabulary sizes differ ({len(a)} and {len(b)})"
-    if a.get_vocab() != b.get_vocab():
-        return "the same size but different token ids"
-    for name in ("pad_token_id", "eos_token_id", "bos_token_id", "cls_token_id", "sep_token_id"):
-        if getattr(a, name, None) != getattr(b, name, None):
-            return f"different {name} ({getattr(a, name, None)} and {getattr(b, name, None)})"
-    return None
-
-
 def build_student(options: DistillOptions, device: str, log: Callable[[str], None]) -> dict[str, Any]:
     """Teacher (or None), student, tokenizer, layer maps and where the student came from."""
-    from modelshrink.models import load_seq2seq
+    from modelshrink.models import load_seq2seq, tokenizer_mismatch
     from modelshrink.shrink import check_layer_ids, first_layer_ids, layer_counts, shrink, spaced_layer_ids
     from modelshrink.warmstart import init_encoder_decoder
 
@@ -71,7 +59,7 @@ def build_student(options: DistillOptions, device: str, log: Callable[[str], Non
                                                               allow_pickle=options.allow_pickle)
         maps = None
         if teacher is not None and options.word_level:
-            why = _same_tokenizer(tokenizer, student_tokenizer)
+            why = tokenizer_mismatch(tokenizer, student_tokenizer)
             if why:
                 raise UserError(f"teacher and student tokenizers differ ({why}); word-level losses compare "
                                 "token distributions and need the same tokenizer")

@@ -214,6 +214,18 @@ def save_model(model: Any, tokenizer: Any, folder: str | os.PathLike) -> None:
     tokenizer.save_pretrained(folder)
 
 
+def tokenizer_mismatch(a: Any, b: Any) -> str | None:
+    """Why two tokenizers differ for word-level losses (which compare distributions over ids)."""
+    if len(a) != len(b):
+        return f"vocabulary sizes differ ({len(a)} and {len(b)})"
+    if a.get_vocab() != b.get_vocab():
+        return "the same size but different token ids"
+    for name in ("pad_token_id", "eos_token_id", "bos_token_id", "cls_token_id", "sep_token_id"):
+        if getattr(a, name, None) != getattr(b, name, None):
+            return f"different {name} ({getattr(a, name, None)} and {getattr(b, name, None)})"
+    return None
+
+
 def resolve_device(device: str) -> str:
     import torch
 

@@ -215,7 +215,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
     """Distillation-aware quantization of a sequence classifier: the full-precision classifier teaches
     its quantized copy (task loss + MSE on logits, hidden states and attention), through the shared loop."""
     from modelshrink import classify
-    from modelshrink.distill import _same_tokenizer
+    from modelshrink.models import tokenizer_mismatch
     from modelshrink.efficiency import parameter_count
     from modelshrink.families import encoder_layer_count
     from modelshrink.models import load_classifier, resolve_device, source_length, task_of
@@ -235,7 +235,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
                                            "cpu", allow_pickle=options.allow_pickle)
     student, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, "cpu",
                                          allow_pickle=options.allow_pickle)
-    why = _same_tokenizer(teacher_tok, tokenizer)
+    why = tokenizer_mismatch(teacher_tok, tokenizer)
     if why:
         raise UserError(f"teacher and student tokenizers differ ({why}); the distillation losses need the same one")
     if teacher.config.num_labels != student.config.num_labels:

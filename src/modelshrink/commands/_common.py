@@ -9,7 +9,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import typer
 
@@ -238,3 +238,27 @@ def stderr_console():
 
 def log(message: str) -> None:
     typer.echo(message, err=True)
+
+
+def print_comparison(result: dict[str, Any]) -> None:
+    """eval --compare's table of systems on stderr (eval --compare and quickstart print it)."""
+    from rich.table import Table
+
+    from modelshrink.compare import QUALITY
+
+    keys = QUALITY[result["task"]]
+    table = Table(title=f"compare ({result['significance']['method']} test against {result['significance']['against']};"
+                        " * p < 0.05)")
+    for column in ("system", *keys, "words", "params", "MB on disk", "p50 ms"):
+        table.add_column(column, justify="right")
+    for row in result["systems"]:
+        cells = []
+        name = row["name"].removeprefix("eval-")
+        for key in keys:
+            p = row["p_vs_first"].get(key, row["p_vs_first"].get("correct"))
+            cells.append("-" if row[key] is None else f"{row[key]:.2f}{'*' if p is not None and p < 0.05 else ''}")
+        table.add_row(name, *cells, "-" if row["length_words"] is None else f"{row['length_words']:.1f}",
+                      "-" if row["parameters"] is None else f"{row['parameters']:,}",
+                      "-" if row["bytes_on_disk"] is None else f"{row['bytes_on_disk'] / 1e6:.1f}",
+                      "-" if row["latency_ms_p50"] is None else f"{row['latency_ms_p50']:.1f}")
+    stderr_console().print(table)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from modelshrink.commands._common import DocsProgress, emit, handle_errors, log
-from modelshrink.commands._generate import OUTPUT, OVERWRITE, QUIET, RESUME, from_options
+from modelshrink.commands._from_options import OUTPUT, OVERWRITE, QUIET, RESUME, from_options
 from modelshrink.options.distill import DistillOptions
 
 EPILOG = """\

@@ -8,8 +8,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from modelshrink.commands._common import DocsProgress, emit, fail, handle_errors, log, stderr_console
-from modelshrink.commands._generate import OUTPUT, OVERWRITE, QUIET, RESUME, build_options, from_options, param
+from modelshrink.commands._common import DocsProgress, emit, fail, handle_errors, log, print_comparison, stderr_console
+from modelshrink.commands._from_options import OUTPUT, OVERWRITE, QUIET, RESUME, build_options, from_options, param
 from modelshrink.options.eval import SCORE, EvalOptions
 
 EPILOG = """\
@@ -81,29 +81,6 @@ def _print_table(metrics: dict[str, Any]) -> None:
     stderr_console().print(table)
 
 
-def _print_comparison(result: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from modelshrink.compare import QUALITY
-
-    keys = QUALITY[result["task"]]
-    table = Table(title=f"compare ({result['significance']['method']} test against {result['significance']['against']};"
-                        " * p < 0.05)")
-    for column in ("system", *keys, "words", "params", "MB on disk", "p50 ms"):
-        table.add_column(column, justify="right")
-    for row in result["systems"]:
-        cells = []
-        name = row["name"].removeprefix("eval-")
-        for key in keys:
-            p = row["p_vs_first"].get(key, row["p_vs_first"].get("correct"))
-            cells.append("-" if row[key] is None else f"{row[key]:.2f}{'*' if p is not None and p < 0.05 else ''}")
-        table.add_row(name, *cells, "-" if row["length_words"] is None else f"{row['length_words']:.1f}",
-                      "-" if row["parameters"] is None else f"{row['parameters']:,}",
-                      "-" if row["bytes_on_disk"] is None else f"{row['bytes_on_disk'] / 1e6:.1f}",
-                      "-" if row["latency_ms_p50"] is None else f"{row['latency_ms_p50']:.1f}")
-    stderr_console().print(table)
-
-
 INPUTS = param("inputs", Annotated[list[str], typer.Argument(
     metavar="MODEL DATA | PREDICTIONS | SYSTEMS...",
     help="MODEL DATA: generate or predict, then score. PREDICTIONS: score a file or artifact that already holds "
@@ -146,7 +123,7 @@ def eval_command(values: dict[str, Any], inputs: list[str], output: Path, json_o
             path, result = run_compare(inputs, output, evaluate_model=evaluate_model if compare_data else None,
                                        overwrite=overwrite, significance=values["significance"],
                                        resamples=values["significance_resamples"], seed=values["seed"], log=log)
-            _print_comparison(result)
+            print_comparison(result)
             typer.echo(json.dumps(result)) if json_out else emit(path)
             return
         if len(inputs) not in (1, 2):

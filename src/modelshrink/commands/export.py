@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from modelshrink.commands._common import emit, handle_errors, log
-from modelshrink.commands._generate import OUTPUT, OVERWRITE, QUIET, from_options
+from modelshrink.commands._from_options import OUTPUT, OVERWRITE, QUIET, from_options
 from modelshrink.options.export import ExportOptions
 
 EPILOG = """\

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from modelshrink.commands._common import DocsProgress, emit, handle_errors, log
-from modelshrink.commands._generate import OUTPUT, OVERWRITE, QUIET, RESUME, from_options
+from modelshrink.commands._from_options import OUTPUT, OVERWRITE, QUIET, RESUME, from_options
 from modelshrink.options.pseudolabel import PseudolabelOptions
 
 EPILOG = """\

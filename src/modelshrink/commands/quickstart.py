@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from modelshrink.commands._common import DocsProgress, emit, handle_errors, log
+from modelshrink.commands._common import DocsProgress, emit, handle_errors, log, print_comparison
 
 
 def quickstart(
@@ -32,7 +32,6 @@ def quickstart(
 
     Example: modelshrink quickstart -o runs/quickstart --overwrite
     """
-    from modelshrink.commands.eval import _print_comparison
     from modelshrink.quickstart import QuickstartBudget, run_quickstart
 
     budget = QuickstartBudget(teacher_steps=teacher_steps, student_steps=student_steps, quantize_steps=quantize_steps,
@@ -40,5 +39,5 @@ def quickstart(
     with handle_errors(output), DocsProgress(quiet) as bars:
         summary = run_quickstart(output, budget=budget, overwrite=overwrite, progress=bars.task,
                                  train_progress=bars.train_task, log=log)
-    _print_comparison(summary["comparison"])
+    print_comparison(summary["comparison"])
     emit(Path(output))

@@ -6,7 +6,7 @@ else reads that one declaration:
 
 - `Options.__post_init__` checks every range and choice (and refuses nan/inf) in one place;
   a step adds only its cross-field rules in `check()`;
-- `modelshrink.commands._generate` builds the Typer command from the fields;
+- `modelshrink.commands._from_options` builds the Typer command from the fields;
 - `recorded()` is what a manifest stores, keyed as on the command line, and is a valid `--config`
   recipe table for the same step (positional arguments included); `from_recorded` reads it back;
 - `replay()` is the command line that repeats a run (every model card's Reproduce line).
