@@ -150,3 +150,30 @@ def test_a_runtime_without_the_op_is_one_line_naming_the_option_that_avoids_it(p
     assert result.exit_code == 0, result.output
     assert "self-attention kept as traced: onnxruntime" in result.output
     assert not load(out).cache_in_place
+
+
+def test_a_quantize_artifact_fuses_only_without_the_models_attention_rounding(plain_models, tmp_path):
+    """With --activation-rounding model the attention rounds its probabilities between the two products, which
+    GroupQueryAttention cannot: traced, and the export says why; with none (a float Cast and an Identity left
+    where the roundings were) it is fused, and generates the traced graph's tokens."""
+    from modelshrink.runtime import load
+
+    artifact = tmp_path / "q"
+    result = runner.invoke(app, ["quantize", str(plain_models["bart"]), "-o", str(artifact), "--method", "direct",
+                                 "--bits", "2-2-8", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    folders = {}
+    for rounding, how in (("model", "fused"), ("none", "fused"), ("none", "traced")):
+        folders[rounding, how] = tmp_path / f"{rounding}-{how}"
+        result = runner.invoke(app, ["export", str(artifact), "-o", str(folders[rounding, how]), "--no-validate",
+                                     "--activation-rounding", rounding, "--self-attention", how])
+        assert result.exit_code == 0, result.output
+        fused = json.loads((folders[rounding, how] / "export_report.json").read_text())["storage"]["fused"]
+        assert fused.get("self_attention_layers", 0) == (2 if (rounding, how) == ("none", "fused") else 0)
+        if rounding == "model":
+            assert "not the plain pattern" in fused["self_attention_traced"]
+    fused, traced = load(folders["none", "fused"]), load(folders["none", "traced"])
+    enc = fused.encode(DOCUMENTS[:4])
+    settings = fused.settings(num_beams=2, max_length=12)
+    np.testing.assert_array_equal(fused.generate_ids(enc["input_ids"], enc["attention_mask"], settings),
+                                  traced.generate_ids(enc["input_ids"], enc["attention_mask"], settings))

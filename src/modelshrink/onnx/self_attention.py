@@ -102,6 +102,13 @@ def _perm(node: Any) -> list[int]:
     return next((list(a.ints) for a in node.attribute if a.name == "perm"), [])
 
 
+def _passes(node: Any) -> bool:
+    """An Identity, or a Cast to float32 (the graphs are float32 throughout): nothing to compute."""
+    if node.op_type == "Identity":
+        return True
+    return node.op_type == "Cast" and next((a.i for a in node.attribute if a.name == "to"), None) == 1
+
+
 def _before_heads(g: _Graph, name: str) -> str | None:
     """X for `name` = Transpose(Reshape(X, [rows, length, heads, size]), perm 0 2 1 3), else None."""
     node = g.producer.get(name)
@@ -141,15 +148,21 @@ def _layer(g: _Graph, layer: int) -> dict[str, Any] | None:
             break
         other = [n for n in node.input if n != current]
         factor = g.constant(other[0]) if len(other) == 1 else None
-        if node.op_type in ("Mul", "Div") and factor is not None and factor.size == 1:
+        if _passes(node):
+            pass  # float32 stays float32 (the quantized attention's softmax in float; a removed rounding)
+        elif node.op_type in ("Mul", "Div") and factor is not None and factor.size == 1:
             scale = scale * float(factor.reshape(())) if node.op_type == "Mul" else scale / float(factor.reshape(()))
         elif node.op_type == "Add" and len(other) == 1 and g.from_shapes_only(other[0]):
             pass  # the causal mask: nothing to hide from the one new query, which may read every cached position
         else:
             return None
         current = node.output[0]
-    weighted = g.only_user(node.output[0], "MatMul")
-    if weighted is None or list(weighted.input) != [node.output[0], present_v] \
+    probabilities = node.output[0]
+    while (after := g.users(probabilities)) and len(after) == 1 and _passes(after[0]):
+        removed.append(after[0])
+        probabilities = after[0].output[0]
+    weighted = g.only_user(probabilities, "MatMul")
+    if weighted is None or list(weighted.input) != [probabilities, present_v] \
             or [u for u in g.users(present_v) if u is not weighted]:
         return None
     back = g.only_user(weighted.output[0], "Transpose")
