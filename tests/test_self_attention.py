@@ -177,3 +177,9 @@ def test_a_quantize_artifact_fuses_only_without_the_models_attention_rounding(pl
     settings = fused.settings(num_beams=2, max_length=12)
     np.testing.assert_array_equal(fused.generate_ids(enc["input_ids"], enc["attention_mask"], settings),
                                   traced.generate_ids(enc["input_ids"], enc["attention_mask"], settings))
+
+
+def test_self_attention_on_a_classifier_is_refused_in_one_line(classifier_path, tmp_path):
+    result = runner.invoke(app, ["export", str(classifier_path), "-o", str(tmp_path / "c"), "--self-attention", "traced"])
+    assert result.exit_code != 0 and not (tmp_path / "c").exists()
+    assert "--self-attention applies to a seq2seq model's decoder" in result.output

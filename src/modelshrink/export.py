@@ -176,6 +176,9 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     if options.activation_rounding != "model" and not quantized:
         raise UserError(f"--activation-rounding applies to a quantize artifact: {options.model} is a float model, "
                         "whose activations are not rounded")
+    if kind == "classifier" and options.self_attention != "fused":
+        raise UserError(f"--self-attention applies to a seq2seq model's decoder: {options.model} is a classifier, "
+                        "which has none")
     if options.int4 or (quantized and not options.int8):
         what = "--int4" if options.int4 else f"exporting a {quantized['bits']} artifact"
         lowbit.require_support(what, {lowbit.FLOAT} if options.kernel == "auto" else {options.kernel},
