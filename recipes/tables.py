@@ -131,6 +131,10 @@ DQ_ROWS = [("float", "32-32-32 6-6 (the teacher)"), ("888-direct", "8-8-8 6-6, d
            ("228-direct", "2-2-8 6-6, direct"), ("888-6-6", "8-8-8 6-6, distillation-aware"),
            ("228-6-6", "2-2-8 6-6, distillation-aware"), ("228-6-3", "2-2-8 6-3, distillation-aware")]
 DQ_PAIRS = [("888-6-6", "888-direct"), ("228-6-6", "228-direct"), ("228-6-3", "228-6-6")]  # recipe's eval-A-vs-B
+# the same rows with the authors' activation clamp (--activation-clip, the recipe's CLIP), and each against its
+# unclamped twin
+DQ_ROWS += [(f"{key}-clip", f"{name}, clamp ±2.5") for key, name in DQ_ROWS[1:]]
+DQ_PAIRS += [(f"{a}-clip", f"{b}-clip") for a, b in DQ_PAIRS] + [(f"{key}-clip", key) for key, _ in DQ_ROWS[1:6]]
 
 
 def dqbart(runs: Path, figures: Path) -> None:
@@ -147,8 +151,9 @@ def dqbart(runs: Path, figures: Path) -> None:
         m = float_eval if key == "float" else _json(folder / f"eval-{key}" / "metrics.json")
         if m is None:
             continue
-        stored = m["efficiency"]["bytes_on_disk"]
-        nominal = stored if key == "float" else _json(folder / key / "modelshrink.json")["metrics"]["bytes_at_nominal_bits"]
+        model = None if key == "float" else _json(folder / key / "modelshrink.json")["metrics"]
+        stored = m["efficiency"]["bytes_on_disk"] if "efficiency" in m else model["bytes_on_disk"]
+        nominal = stored if key == "float" else model["bytes_at_nominal_bits"]
         ps = " | ".join(_delta_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
         print(f"| {name} | {stored / 1e6:.1f} | {float_bytes / stored:.1f}× | {nominal / 1e6:.1f} | "
               f"{float_bytes / nominal:.1f}× | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | "

@@ -220,3 +220,26 @@ def test_the_scales_of_packed_codes_stay_float(tmp_path):
 
     y = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"ids": np.array([[0, 5]])})[0]
     assert np.allclose(y, table[[0, 5]] @ table.T, atol=1e-3)
+
+
+def test_an_activation_clip_is_exported_and_passes_the_check(plain_models, tmp_path):
+    """A quantize artifact made with --activation-clip: the clamp is in the graphs (Clip at ±2.5 before the
+    roundings) and the export matches the quantized PyTorch model."""
+    import onnx
+    from onnx import numpy_helper
+
+    from modelshrink.quantize import QuantizeOptions, quantize
+
+    quantized = quantize(QuantizeOptions(model=str(plain_models["bart"]), bits="8-8-8", method="direct",
+                                         activation_clip=2.5, device="cpu"), tmp_path / "q")
+    out = tmp_path / "onnx"
+    result = runner.invoke(app, ["export", str(quantized), "-o", str(out), *FAST])
+    assert result.exit_code == 0, result.output
+    assert read_manifest(out)["metrics"]["passed"] is True
+    graph = onnx.load(str(out / "encoder_model.onnx")).graph
+    constants = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    constants.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in graph.node
+                      if n.op_type == "Constant" and n.attribute and n.attribute[0].HasField("t")})
+    bounds = [float(constants[n.input[2]]) for n in graph.node
+              if n.op_type == "Clip" and len(n.input) == 3 and n.input[2] in constants]
+    assert bounds.count(2.5) >= 4  # each linear input and q/k/v output of the encoder

@@ -110,6 +110,19 @@ def test_fake_quantize_activation_clip_zeroes_gradient_outside():
     assert x.grad.tolist() == [0.0, 1.0, 1.0, 1.0, 0.0]  # 1 inside and on ±clip, 0 beyond
 
 
+def test_fake_quantize_activation_clip_scales_by_the_clamped_maximum():
+    """The DQ-BART authors' rule: clamp, then the dynamic max-abs step of what is left; a tensor inside the clip
+    is quantized exactly as without it, one with outliers on the grid of clip / th."""
+    inside = torch.tensor([-0.5, 0.1, 0.25])
+    assert torch.equal(fake_quantize_activation(inside, clip=2.5), fake_quantize_activation(inside))
+    outliers = torch.tensor([-30.0, 0.011, 1.3, 12.0])
+    out = fake_quantize_activation(outliers, clip=2.5)
+    step = torch.tensor(2.5) / 127
+    assert torch.equal(out, torch.round(outliers.clamp(-2.5, 2.5) / step) * step)
+    # without the clip the step is 30 / 127: 0.011 rounds to 0 and 1.3 to a coarse level
+    assert fake_quantize_activation(outliers)[1].item() == 0.0 and out[1].item() != 0.0
+
+
 def test_fake_quantize_activation_rejects_bad_clip():
     for clip in (0.0, -1.0, float("inf")):
         with pytest.raises(ValueError):

@@ -48,6 +48,34 @@ def test_reload_computes_exactly_what_the_quantized_model_computed(family, bits,
     assert config["quantization_config"]["quant_method"] == "modelshrink" and config["quantization_config"]["bits"] == bits
 
 
+def test_an_activation_clip_is_recorded_reloaded_and_changes_what_is_computed(saved_models, tmp_path):
+    """--activation-clip 2.5 (the DQ-BART authors' clamp): recorded in the manifest and the config, reloaded
+    bit for bit, and it changes the logits of a model whose activations pass 2.5 (layer-normed ones do)."""
+    outputs = {}
+    for clip in (None, 2.5):
+        out = tmp_path / f"clip-{clip}"
+        extra = [] if clip is None else ["--activation-clip", str(clip)]
+        result = runner.invoke(app, ["quantize", str(saved_models["bart"]), "-o", str(out), "--method", "direct",
+                                     "--device", "cpu", *extra])
+        assert result.exit_code == 0, result.output
+        manifest = read_manifest(out)
+        assert manifest["resolved"]["bits"]["activation_clip"] == clip
+        assert json.loads((out / "config.json").read_text())["quantization_config"]["activation_clip"] == clip
+        model = load_quantized(out)
+        assert model.modelshrink_quant_spec.activation_clip == clip
+        _, tok = build("bart", wide=False)
+        with torch.no_grad():
+            outputs[clip] = model(**_inputs(tok)).logits
+    assert "activations clamped to +-2.5" in result.output
+    assert not torch.equal(outputs[None], outputs[2.5])
+    model, tok = build("bart", wide=False)
+    spec = parse_bits("8-8-8", activation_clip=2.5)
+    quantize_model(model, spec)
+    save_quantized(model.eval(), tok, tmp_path / "direct", spec)
+    with torch.no_grad():
+        assert torch.equal(model(**_inputs(tok)).logits, load_quantized(tmp_path / "direct")(**_inputs(tok)).logits)
+
+
 def test_positional_embeddings_and_norms_stay_full_precision(tmp_path):
     model, tok = build("bart", wide=False)
     quantize_model(model, parse_bits("2-2-8"))
@@ -272,6 +300,12 @@ def test_other_bad_input(saved_models, tmp_path):
     with pytest.raises(UserError, match="cannot teach itself"):
         quantize(QuantizeOptions(model=str(q), data="x.jsonl", max_steps=1), tmp_path / "o2")
     assert parse_bits("8-8-4", allow_low_activation_bits=True).activation_bits == 4
+    for clip in ("0", "-1", "inf"):
+        out = tmp_path / f"bad-clip{clip}"
+        result = runner.invoke(app, ["quantize", str(saved_models["bart"]), "-o", str(out), "--method", "direct",
+                                     "--activation-clip", clip])
+        assert result.exit_code != 0 and not out.exists(), result.output
+        assert "--activation-clip" in result.output
 
 
 def test_plain_transformers_refuses_a_quantized_artifact(tmp_path):

@@ -124,7 +124,8 @@ def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, *, 
     float_params = parameter_count(model)
     counts = quantize_model(model, spec)
     log(f"quantized {counts['linear']} linear layers, {counts['embedding']} embedding modules, "
-        f"{counts['lm_head']} LM head ({spec.label}, {spec.granularity})")
+        f"{counts['lm_head']} LM head ({spec.label}, {spec.granularity}"
+        + (f", activations clamped to +-{spec.activation_clip})" if spec.activation_clip else ")"))
     parents = [parent_ref("model", options.model)]
     with writer:
         save_quantized(model, tokenizer, writer.staging, spec)

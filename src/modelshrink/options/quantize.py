@@ -12,7 +12,8 @@ from modelshrink.options.train import DATA, OPT, SPLITS, VAL, TrainOptions
 
 TRAIN = "Training (--method distill)"
 # all that `--method direct` reads; every other option goes with --method distill
-DIRECT_READS = frozenset({"model", "bits", "method", "granularity", "allow_low_activation_bits", "device",
+DIRECT_READS = frozenset({"model", "bits", "method", "granularity", "allow_low_activation_bits", "activation_clip",
+                          "device",
                           "trust_remote_code", "allow_pickle"})
 METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum", "accuracy", "f1", "mcc", "pearson", "spearman")
 
@@ -32,6 +33,8 @@ class QuantizeOptions(TrainOptions):
     granularity: str = opt("tensor", "Scale of linear weights: per tensor or per output row. Embeddings: always "
                                      "per row.", choices=("tensor", "row"))
     allow_low_activation_bits: bool = opt(False, "Permit activations below 8 bits.")
+    activation_clip: float | None = opt(None, "Clamp activations to +-this before their max-abs scale, as the DQ-BART "
+                                              "authors' code does (2.5). [default: no clamp]")
     data: str | None = opt(None, "Training data for --method distill: pairs (seq2seq) or labelled sentences "
                                  "(classifiers).", panel=TRAIN)
     teacher: str | None = opt(None, "Full-precision teacher. [default: MODEL itself]", panel=TRAIN)
@@ -66,7 +69,8 @@ class QuantizeOptions(TrainOptions):
     def check(self) -> None:
         from modelshrink.quant.modules import parse_bits
 
-        self.spec: Any = parse_bits(self.bits, self.allow_low_activation_bits, self.granularity)
+        self.spec: Any = parse_bits(self.bits, self.allow_low_activation_bits, self.granularity,
+                                    self.activation_clip)
         if self.method == "direct":
             ignored = self.given({f.name for f in fields(self)} - DIRECT_READS)
             if ignored:

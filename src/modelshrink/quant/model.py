@@ -75,10 +75,11 @@ def save_quantized(model: torch.nn.Module, tokenizer: Any, folder: str | os.Path
     config.quantization_config = {
         "quant_method": QUANT_METHOD, "bits": spec.label, "weight_bits": spec.weight_bits,
         "embedding_bits": spec.embedding_bits, "activation_bits": spec.activation_bits,
-        "granularity": spec.granularity, "embedding_granularity": "row", "lm_head": "embedding bits, per row",
+        "activation_clip": spec.activation_clip, "granularity": spec.granularity, "embedding_granularity": "row", "lm_head": "embedding bits, per row",
         "packing": {str(k): f"{v} bits per value" for k, v in BITS_PER_VALUE.items()},
-        "activations": "symmetric per tensor, dynamic max-abs scale: linear inputs, q/k/v outputs, attention "
-                       "probabilities", "tensors": shapes}
+        "activations": "symmetric per tensor, dynamic max-abs scale" + (
+            f" of the activation clamped to +-{spec.activation_clip}" if spec.activation_clip else "")
+        + ": linear inputs, q/k/v outputs, attention probabilities", "tensors": shapes}
     try:
         config.save_pretrained(folder)
     finally:
@@ -152,7 +153,8 @@ def load_quantized(folder: str | os.PathLike) -> torch.nn.Module:
     if really_missing or unexpected:
         raise UserError(f"{folder}: the quantized checkpoint does not match its config "
                         f"(missing {really_missing[:3]}, unexpected {list(unexpected)[:3]})")
-    spec = QuantSpec(qc["weight_bits"], qc["embedding_bits"], qc["activation_bits"], qc["granularity"])
+    spec = QuantSpec(qc["weight_bits"], qc["embedding_bits"], qc["activation_bits"], qc["granularity"],
+                     qc.get("activation_clip"))
     quantize_model(model, spec, weights=False)  # weights already hold quantized values
     if getattr(config, "is_encoder_decoder", False) and (folder / "generation_config.json").is_file():
         from transformers import GenerationConfig

@@ -7,7 +7,8 @@
   it is quantized with the same E bits, per row, and stored once.
 - Activations: A bits (8 unless the user opts in to less), symmetric per tensor with a dynamic
   max-abs scale, at the input of every linear layer, at the outputs of the query, key and value
-  projections, and on the attention probabilities.
+  projections, and on the attention probabilities; with `activation_clip` c, each is clamped to
+  [-c, c] first, as the DQ-BART authors' code does (c = 2.5 there).
 - Not quantized, as in the paper: positional embeddings (BART's learned positions, T5's relative
   position bias, BERT's position and token-type embeddings) and layer norms.
 
@@ -40,13 +41,15 @@ class QuantSpec:
     embedding_bits: int
     activation_bits: int
     granularity: str = "tensor"  # of linear weights; embeddings are always per row
+    activation_clip: float | None = None  # activations clamped to ±this before their max-abs scale
 
     @property
     def label(self) -> str:
         return f"{self.weight_bits}-{self.embedding_bits}-{self.activation_bits}"
 
 
-def parse_bits(text: str, allow_low_activation_bits: bool = False, granularity: str = "tensor") -> QuantSpec:
+def parse_bits(text: str, allow_low_activation_bits: bool = False, granularity: str = "tensor",
+               activation_clip: float | None = None) -> QuantSpec:
     """'W-E-A' such as 8-8-8, 4-4-8, 2-2-8 → QuantSpec; a UserError for anything else."""
     parts = text.split("-")
     if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
@@ -60,7 +63,9 @@ def parse_bits(text: str, allow_low_activation_bits: bool = False, granularity: 
                         "them at 8); pass --allow-low-activation-bits to try anyway")
     if granularity not in ("tensor", "row"):
         raise UserError(f"--granularity must be tensor or row, got {granularity}")
-    return QuantSpec(w, e, a, granularity)
+    if activation_clip is not None and not 0 < activation_clip < float("inf"):
+        raise UserError(f"--activation-clip takes a positive number (the DQ-BART authors use 2.5), got {activation_clip}")
+    return QuantSpec(w, e, a, granularity, None if activation_clip is None else float(activation_clip))
 
 
 class FakeQuant(nn.Module):
@@ -75,16 +80,16 @@ class FakeQuant(nn.Module):
         return fake_quantize(weight, self.bits, self.per_row)
 
 
-def _quantize_input(bits: int):
+def _quantize_input(bits: int, clip: float | None):
     def hook(module, args):
-        return (fake_quantize_activation(args[0], bits),) + tuple(args[1:])
+        return (fake_quantize_activation(args[0], bits, clip),) + tuple(args[1:])
 
     return hook
 
 
-def _quantize_output(bits: int):
+def _quantize_output(bits: int, clip: float | None):
     def hook(module, args, output):
-        return fake_quantize_activation(output, bits)
+        return fake_quantize_activation(output, bits, clip)
 
     return hook
 
@@ -102,7 +107,8 @@ def quantized_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
     if attention_mask is not None:
         scores = scores + attention_mask
     probs = torch.softmax(scores.float(), dim=-1).type_as(scores)
-    probs = fake_quantize_activation(probs, getattr(module, "modelshrink_activation_bits", 8))
+    probs = fake_quantize_activation(probs, getattr(module, "modelshrink_activation_bits", 8),
+                                     getattr(module, "modelshrink_activation_clip", None))
     dropped = nn.functional.dropout(probs, p=dropout, training=module.training)
     out = torch.matmul(dropped, value).transpose(1, 2).contiguous()
     # the maps before dropout: DQ-BART's attention loss compares them to the teacher's (eval-mode) maps, and
@@ -164,13 +170,14 @@ def quantize_model(model: nn.Module, spec: QuantSpec, weights: bool = True) -> d
                 parametrize.register_parametrization(module, "weight",
                                                       FakeQuant(spec.weight_bits, spec.granularity == "row"))
         counts["lm_head" if module is head else "linear"] += 1
-        module.register_forward_pre_hook(_quantize_input(spec.activation_bits))
+        module.register_forward_pre_hook(_quantize_input(spec.activation_bits, spec.activation_clip))
         if is_attention_projection(name):
-            module.register_forward_hook(_quantize_output(spec.activation_bits))
+            module.register_forward_hook(_quantize_output(spec.activation_bits, spec.activation_clip))
             counts["qkv_outputs"] += 1
     for module in model.modules():
         if any(isinstance(getattr(module, n, None), nn.Linear) for n in KEY_VALUE):
             module.modelshrink_activation_bits = spec.activation_bits
+            module.modelshrink_activation_clip = spec.activation_clip
             counts["attention"] += 1
     model.set_attn_implementation(ATTENTION_IMPLEMENTATION)
     if counts["linear"] == 0:

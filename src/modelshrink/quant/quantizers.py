@@ -124,13 +124,13 @@ def fake_quantize(w: torch.Tensor, bits: int, per_row: bool = False) -> torch.Te
 def fake_quantize_activation(x: torch.Tensor, bits: int = 8, clip: float | None = None) -> torch.Tensor:
     """Symmetric per-tensor quantization of an activation, with a straight-through gradient.
 
-    th = 2^(bits-1) - 1 (bits 3..8; DQ-BART uses 8). The clipping rule:
-    - clip=None (dynamic): the step is alpha = max|x| / th, measured on this very tensor at each
-      call; nothing is clipped, so the gradient is 1 everywhere. An all-zero tensor stays zero.
-    - clip=c > 0 (fixed range): the step is alpha = c / th; values beyond ±c are clamped to ±c
-      before rounding, so they come out as the outermost level ±th·alpha (±c up to float
-      rounding). The gradient is 1 for |x| <= c and 0 for |x| > c.
-    The output is round(x / alpha) · alpha (halves to even) in x's dtype, computed in float32.
+    th = 2^(bits-1) - 1 (bits 3..8; DQ-BART uses 8). The step is alpha = max|x| / th, measured on
+    this very tensor at each call (dynamic); an all-zero tensor stays zero. With clip=c > 0, x is
+    first clamped to [-c, c] and the step measured on the clamped tensor, as the DQ-BART authors'
+    quantizer does (TernaryBERT's, c = 2.5): alpha = c / th whenever some |x| reaches c, smaller
+    when none does; the gradient is 1 for |x| <= c and 0 beyond. Without clip nothing is clamped
+    and the gradient is 1 everywhere. The output is round(x / alpha) · alpha (halves to even) in
+    x's dtype, computed in float32.
     """
     th = _threshold(bits)
     if clip is not None:
@@ -140,10 +140,7 @@ def fake_quantize_activation(x: torch.Tensor, bits: int = 8, clip: float | None 
         x = x.clamp(-clip, clip)  # clamp's gradient is 0 outside [-clip, clip], 1 on and inside
     with torch.no_grad():
         xf = x.detach().float()
-        if clip is None:
-            max_abs = xf.abs().amax() if xf.numel() else xf.new_zeros(())
-            alpha = torch.where(max_abs > 0, max_abs / th, 1.0)
-        else:
-            alpha = torch.tensor(clip / th, dtype=torch.float32, device=x.device)
+        max_abs = xf.abs().amax() if xf.numel() else xf.new_zeros(())
+        alpha = torch.where(max_abs > 0, max_abs / th, 1.0)
         q = (torch.round(xf / alpha).clamp_(-th, th) * alpha).to(x.dtype)
     return q + (x - x.detach())
