@@ -12,6 +12,8 @@
 #   eval      each student on VALID_DOCS validation documents: ROUGE with 95% intervals, style, attention,
 #             and the paired permutation test against the Regular student (the paper's *)
 #   baselines (not in STAGES by default) Table 5: output temperature T = 0.5, sampling, nucleus 0.9
+#   modules   (not in STAGES by default) Table 4: λ = 2 on one kind of attention only, decoder cross
+#             attention (cross2) or decoder self attention (dec2), the others at 1
 #   table     the tables as markdown on stdout, and OUT_DIR/plate-fig2.png
 #
 #   SCALE=small  DOCS=4000 documents, students 400 steps of a 3,072-token budget (about 31 documents
@@ -20,7 +22,12 @@
 #   SCALE=paper  every training document, students 6 epochs at lr 5e-5 (PLATE: 15,000 steps of ~80
 #                documents on XSum, about 6 epochs), the whole validation set. For GPUs: set
 #                LAUNCH="accelerate launch -m modelshrink" (README, "Scaling out").
-# Knobs: DOCS, STUDENT_STEPS, VALID_DOCS, STAGES, LAUNCH, TEACHER (another seq2seq teacher folder), and
+# LONG=1: the same on the long documents only (>= 120 words: 3,441 training and 135 validation documents,
+#   all of them), sources cut at 256 tokens instead of 128, under OUT_DIR/plate-long.
+# LRS="3e-4 5e-5": students (and their evaluations) at each learning rate (the first is the budget's own,
+#   the others get -lrX in their names; PLATE tunes its students' in 1e-5..7e-5); SEEDS="0 1": each student
+#   at each seed (-seedS in the name for S != 0), each tested against the Regular student of its own lr and seed.
+# Knobs: DOCS, STUDENT_STEPS, VALID_DOCS, LONG, LRS, SEEDS, STAGES, LAUNCH, TEACHER (another seq2seq teacher folder), and
 # JOBS=N: the label sets, the students and the evaluations run N at a time, THREADS (1) threads each
 # (recipes/lib/jobs.sh; REPRODUCTION.md ran JOBS=2 on 2 CPU cores).
 # Interrupted? Run it again: every step passes --resume (finished artifacts are kept as they are, label sets
@@ -33,20 +40,41 @@ scale=${SCALE:-small}
 stages=${STAGES:-"teacher labels students eval table"}
 launch=${LAUNCH:-modelshrink}
 teacher=${TEACHER:-$out/teacher}
+long=${LONG:-0} seeds=${SEEDS:-0}
 case $scale in
-  small) docs=${DOCS:-4000} valid=${VALID_DOCS:-1000}
-         budget=(--max-steps "${STUDENT_STEPS:-400}" --lr 3e-4 --warmup-steps 40 --max-tokens 3072 --save-every 100) ;;
-  paper) docs=${DOCS:-all} valid=${VALID_DOCS:-all}
-         budget=(--epochs 6 --lr 5e-5 --warmup-steps 500 --max-tokens 8192 --save-every 2000) ;;
+  small) docs=${DOCS:-4000} valid=${VALID_DOCS:-1000} lrs=${LRS:-3e-4}
+         budget=(--max-steps "${STUDENT_STEPS:-400}" --warmup-steps 40 --max-tokens 3072 --save-every 100) ;;
+  paper) docs=${DOCS:-all} valid=${VALID_DOCS:-all} lrs=${LRS:-5e-5}
+         budget=(--epochs 6 --warmup-steps 500 --max-tokens 8192 --save-every 2000) ;;
   *) echo "SCALE must be small or paper, not '$scale'" >&2; exit 2 ;;
 esac
 limit=(); [[ $docs == all ]] || limit=(--limit "$docs")
 vlimit=(); [[ $valid == all ]] || vlimit=(--limit "$valid")
 train=$data/train.jsonl.gz validation=$data/validation.jsonl.gz
 [[ -f $train ]] || { echo "no $train (the Debian descriptions; see ../shared/data/README.md)" >&2; exit 2; }
-plate=$out/plate
+plate=$out/plate source_length=128
+if [[ $long == 1 ]]; then  # every document of at least 120 words, for labels, students and evaluation alike
+  plate=$out/plate-long source_length=256 limit=() vlimit=()
+  mkdir -p "$plate"
+  for split in train validation; do
+    [[ -s $plate/$split.jsonl ]] || python - "$data/$split.jsonl.gz" "$plate/$split.jsonl" <<'EOF'
+import gzip, json, sys
+with gzip.open(sys.argv[1], "rt") as f, open(sys.argv[2], "w") as out:
+    out.writelines(line for line in f if len(json.loads(line)["document"].split()) >= 120)
+EOF
+  done
+  train=$plate/train.jsonl validation=$plate/validation.jsonl
+fi
 mkdir -p "$plate"
-gen=(--num-beams 4 --max-length 32 --no-repeat-ngram-size 3 --max-source-length 128)
+gen=(--num-beams 4 --max-length 32 --no-repeat-ngram-size 3 --max-source-length "$source_length")
+read -r -a lr_list <<< "$lrs"
+read -r -a seed_list <<< "$seeds"
+variant() {  # the name suffix of learning rate $1 and seed $2: none for the first rate and seed 0
+  local suffix=
+  [[ $1 == "${lr_list[0]}" ]] || suffix+=-lr$1
+  [[ $2 == 0 ]] || suffix+=-seed$2
+  echo "$suffix"
+}
 # shellcheck disable=SC2086
 run() { $launch "$@" --resume --quiet; }
 source "$here/lib/jobs.sh"
@@ -77,16 +105,24 @@ if [[ $stages == *baselines* ]]; then
   spawn labels sampling --do-sample --num-beams 1 --seed 0
   spawn labels nucleus --do-sample --top-p 0.9 --num-beams 1 --seed 0
 fi
+if [[ $stages == *modules* ]]; then
+  spawn labels cross2 --lambda-cross 2.0
+  spawn labels dec2 --lambda-dec 2.0
+fi
 settle
 
 students=(gold regular lambda1.5 lambda2 random)
 [[ $stages == *baselines* ]] && students+=(T0.5 sampling nucleus)
+[[ $stages == *modules* ]] && students+=(cross2 dec2)
 if [[ $stages == *students* ]]; then
-  for name in "${students[@]}"; do
-    if [[ $name == gold ]]; then source=("$train" "${limit[@]}"); else source=("$plate/labels-$name"); fi
-    spawn run distill "${source[@]}" -o "$plate/student-$name" --teacher "$teacher" --decoder-layers 2 "${budget[@]}" \
-      --max-source-length 128 --max-target-length 32 --seed 0 >/dev/null
-  done
+  for lr in "${lr_list[@]}"; do for seed in "${seed_list[@]}"; do
+    for name in "${students[@]}"; do
+      if [[ $name == gold ]]; then source=("$train" "${limit[@]}"); else source=("$plate/labels-$name"); fi
+      spawn run distill "${source[@]}" -o "$plate/student-$name$(variant "$lr" "$seed")" --teacher "$teacher" \
+        --decoder-layers 2 "${budget[@]}" --lr "$lr" --max-source-length "$source_length" --max-target-length 32 \
+        --seed "$seed" >/dev/null
+    done
+  done; done
   settle
 fi
 
@@ -96,13 +132,16 @@ if [[ $stages == *eval* ]]; then
     run eval "$plate/student-$name" "$validation" -o "$plate/eval-$name" "${vlimit[@]}" "${gen[@]}" \
       --attention-stats --latency-docs 0 "$@" >/dev/null
   }
-  evaluate regular   # first, on all threads: the others are tested against it
-  for name in "${students[@]}"; do
-    [[ $name == regular ]] || spawn evaluate "$name" --against "$plate/eval-regular"
-  done
-  settle
+  for lr in "${lr_list[@]}"; do for seed in "${seed_list[@]}"; do
+    v=$(variant "$lr" "$seed")
+    evaluate "regular$v"   # first, on all threads: the others of its rate and seed are tested against it
+    for name in "${students[@]}"; do
+      [[ $name == regular ]] || spawn evaluate "$name$v" --against "$plate/eval-regular$v"
+    done
+    settle
+  done; done
 fi
 
 if [[ $stages == *table* ]]; then
-  python "$here/tables.py" plate "$out"
+  python "$here/tables.py" plate "$out" $([[ $long == 1 ]] && echo --long)
 fi

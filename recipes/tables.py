@@ -68,7 +68,8 @@ def teacher(runs: Path, figures: Path) -> None:
 
 PLATE_LABELS = [("regular", "λ = 1 (regular)"), ("lambda1.5", "λ = 1.5"), ("lambda2", "λ = 2"),
                 ("random", "λ ~ U[1, 2]"), ("T0.5", "output T = 0.5"), ("sampling", "sampling"),
-                ("nucleus", "nucleus p = 0.9")]
+                ("nucleus", "nucleus p = 0.9"), ("cross2", "λ = 2 on cross attention only"),
+                ("dec2", "λ = 2 on decoder self attention only")]
 
 
 def _style_row(name: str, m: dict, attention: dict | None) -> str:
@@ -78,8 +79,8 @@ def _style_row(name: str, m: dict, attention: dict | None) -> str:
             f"{m['rouge1']:.2f} | {bins} |")
 
 
-def plate(runs: Path, figures: Path) -> None:
-    folder = runs / "plate"
+def plate(runs: Path, figures: Path, long: bool = False) -> None:
+    folder = runs / ("plate-long" if long else "plate")
     print("Table 6 (pseudo labels of the same training documents): words, novel n-grams (%), copy bias "
           "(% of 4-grams copied), leading bias (% of sentences from the first 40%), ROUGE-1 against the gold "
           "synopsis, evident cross attention (> 0.15) by fifth of the document (%)\n")
@@ -118,13 +119,18 @@ def plate(runs: Path, figures: Path) -> None:
     print("| student trained on | ROUGE-1 | ROUGE-2 | ROUGE-L | Δ R-1 (p) | Δ R-2 (p) | Δ R-L (p) | words | novel 1-g | "
           "leading |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for key, name in [("gold", "gold synopses")] + PLATE_LABELS:
-        m = _json(folder / f"eval-{key}" / "metrics.json")
-        if m is None:
-            continue
-        ps = " | ".join(_delta_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
-        print(f"| {name} | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | {_rouge(m, 'rougeL')} | {ps} | "
-              f"{m['length_words']:.2f} | {m['novel_ngrams']['1']:.1f} | {m['leading_bias']:.1f} |")
+    # the recipe's LRS and SEEDS variants (-lrX, -seedS) after the first learning rate's seed-0 students
+    variants = sorted({p.name.split("regular", 1)[1] for p in folder.glob("eval-regular*")} or {""},
+                      key=lambda v: (len(v), v))
+    for variant in variants:
+        for key, name in [("gold", "gold synopses")] + PLATE_LABELS:
+            m = _json(folder / f"eval-{key}{variant}" / "metrics.json")
+            if m is None:
+                continue
+            ps = " | ".join(_delta_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
+            label = name + (f" ({variant[1:].replace('-', ', ')})" if variant else "")
+            print(f"| {label} | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | {_rouge(m, 'rougeL')} | {ps} | "
+                  f"{m['length_words']:.2f} | {m['novel_ngrams']['1']:.1f} | {m['leading_bias']:.1f} |")
 
 
 DQ_ROWS = [("float", "32-32-32 6-6 (the teacher)"), ("888-direct", "8-8-8 6-6, direct"),
@@ -276,14 +282,17 @@ def main() -> None:
     parser.add_argument("--figures", type=Path, default=None, help="where PNGs go (default RUNS)")
     parser.add_argument("--data", type=Path, default=Path("../shared/data/rt-polarity"), help="ackd: rt-polarity")
     parser.add_argument("--teacher", type=Path, default=None, help="ackd: the teacher (default RUNS/teacher)")
+    parser.add_argument("--long", action="store_true", help="plate: the LONG=1 run (RUNS/plate-long)")
     args = parser.parse_args()
     runs = args.runs or Path("runs/repro/ackd" if args.table == "ackd" else "runs/repro")
     figures = args.figures or runs
     figures.mkdir(parents=True, exist_ok=True)
     if args.table == "ackd":
         ackd(runs, figures, args.data, args.teacher or runs / "teacher")
+    elif args.table == "plate":
+        plate(runs, figures, args.long)
     else:
-        {"teacher": teacher, "plate": plate, "dqbart": dqbart}[args.table](runs, figures)
+        {"teacher": teacher, "dqbart": dqbart}[args.table](runs, figures)
 
 
 if __name__ == "__main__":

@@ -154,6 +154,33 @@ def test_the_seq2seq_recipes_run_every_step_once_and_evaluate_the_reference_firs
         assert min(events.index(("start", f"dq-bart/eval-{p}")) for p in pairs) > last_eval
 
 
+def test_the_plate_recipe_on_long_documents_with_module_temperatures_rates_and_seeds(tmp_path):
+    """LONG=1 keeps the documents of at least 120 words (labels, students and evaluation alike) under plate-long;
+    STAGES with modules adds Table 4's label sets; LRS and SEEDS make every student at each rate and seed, each
+    evaluated against the Regular student of its own rate and seed."""
+    import gzip
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    docs = [{"id": f"d{i}", "document": " ".join(["word"] * (130 if i % 2 else 40)), "summary": "s"} for i in range(6)]
+    for split in ("train", "validation"):
+        with gzip.open(data / f"{split}.jsonl.gz", "wt") as f:
+            f.writelines(json.dumps(d) + "\n" for d in docs)
+    done, rows = _run_recipe_with_a_stub("plate-debian.sh", data, out, tmp_path, LONG="1", LRS="3e-4 5e-5",
+                                         SEEDS="0 1", STAGES="labels modules students eval")
+    assert done.returncode == 0, done.stderr
+    kept = (out / "plate-long" / "train.jsonl").read_text().splitlines()
+    assert [json.loads(line)["id"] for line in kept] == ["d1", "d3", "d5"]
+    started = {(cmd, path) for cmd, path, _ in _started(rows, out)}
+    labels = ["regular", "lambda1.5", "lambda2", "random", "cross2", "dec2"]
+    variants = ["", "-seed1", "-lr5e-5", "-lr5e-5-seed1"]
+    assert {p for c, p in started if c == "pseudolabel"} == {f"plate-long/labels-{n}" for n in labels}
+    assert {p for c, p in started if c == "distill"} == {f"plate-long/student-{n}{v}" for n in ["gold", *labels]
+                                                         for v in variants}
+    assert {p for c, p in started if c == "eval" and "-style" not in p} == {
+        f"plate-long/eval-{n}{v}" for n in ["gold", *labels] for v in variants}
+
+
 @pytest.mark.parametrize("recipe", ["plate-debian.sh", "dq-bart-debian.sh"])
 def test_jobs_with_a_launcher_is_refused_before_anything_runs(recipe, tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
