@@ -97,18 +97,21 @@ def plate(runs: Path, figures: Path, long: bool = False) -> None:
         print(_style_row(name, m, attention))
         if attention:
             bars.append((name, attention["evident_share_by_bin"], attention["bins"],
-                         attention["evident_share_of_all_weights"]))
+                         attention["evident_share_of_all_weights"], attention.get("evident_share_of_attention_mass")))
     if gold:
         novel = " | ".join(f"{gold['novel_ngrams'][k]:.1f}" for k in ("1", "2", "3", "4"))
         print(f"| gold synopses | {gold['length_words']:.2f} | {novel} | {gold['copy_bias']:.1f} | "
               f"{gold['leading_bias']:.1f} | 100 | – |")
     if bars:
-        print("\nEvident weights as a share of all cross-attention weights: " +
-              ", ".join(f"{name} {share:.1f}%" for name, _, _, share in bars))
+        print("\nEvident weights as a share of all cross-attention weights, by count: " +
+              ", ".join(f"{name} {share:.2f}%" for name, _, _, share, _ in bars))
+        if all(mass is not None for *_, mass in bars):
+            print("\nand by attention mass (the part of each row's sum of 1 that they carry): " +
+                  ", ".join(f"{name} {mass:.1f}%" for name, *_, mass in bars))
         try:
             from modelshrink.figures import position_bars
 
-            path = position_bars([(n, s) for n, s, _, _ in bars], bars[0][2], figures / "plate-fig2.png",
+            path = position_bars([(n, s) for n, s, *_ in bars], bars[0][2], figures / "plate-fig2.png",
                                  "Evident cross attention of the teacher while labelling, by position")
             print(f"\n![PLATE Fig. 2]({path})")
         except Exception as e:  # the table is the result; the figure is a convenience

@@ -129,6 +129,19 @@ def test_recipe_keys_and_values_are_checked(tmp_path):
     recipe.write_text("[distill]\ndata = 'x.jsonl'\nteacher = 't'\nlr = nan\nmax_steps = 1\n")
     result = runner.invoke(app, ["distill", "--config", str(recipe), "-o", str(tmp_path / "o")])
     assert result.exit_code == 1 and "--lr must be a finite number" in result.output
+    # a value of the wrong type names the file and the key, not only the flag
+    for line, expected in (("max_steps = 'ten'", "max_steps = 'ten': expected a whole number"),
+                           ("lr = true", "lr = True: expected a number"),
+                           ("save_every = 1.5", "save_every = 1.5: expected a whole number"),
+                           ("decoder_layer_ids = ['a']", "expected a whole number")):
+        recipe.write_text(f"[distill]\ndata = 'x.jsonl'\nteacher = 't'\n{line}\n")
+        result = runner.invoke(app, ["distill", "--config", str(recipe), "-o", str(tmp_path / "o")])
+        assert result.exit_code == 1, result.output
+        assert f"config {recipe}: [distill] " in result.output and expected in result.output, result.output
+    recipe.write_text("[distill]\ndata = 'x.jsonl'\nteacher = 't'\nlr = 1\ndecoder_layer_ids = [0, 5]\n"
+                      "max_steps = 0\n")  # an int where a float goes, a list of ints: accepted
+    result = runner.invoke(app, ["distill", "--config", str(recipe), "-o", str(tmp_path / "o")])
+    assert "expected" not in result.output
 
 
 # ---------------------------------------------------------------- real runs of the training steps

@@ -101,6 +101,9 @@ def test_attention_stats_and_plot(saved_models, docs_jsonl, tmp_path):
     assert len(att["evident_share_by_bin"]) == 5 and att["documents_with_evident_weights"] > 0
     assert sum(att["evident_share_by_bin"]) == pytest.approx(100.0, abs=0.01)
     assert 0 < att["evident_share_of_all_weights"] <= 100
+    # by mass, not count: a row's evident weights carry more than 0.15 each of its sum of 1, so on documents of
+    # more than 1 / 0.15 tokens their mass share is the larger
+    assert att["evident_share_of_all_weights"] < att["evident_share_of_attention_mass"] <= 100
     png = path / "attention-doc-3.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -114,8 +117,9 @@ def test_attention_bins_by_hand():
     weights[0, 0, 0, [0, 1, 9]] = 0.3  # two evident weights in bin 0, one in bin 4
     weights[0, 0, 1, 4] = 0.15  # not evident: the threshold is strict
     weights[0, 0, 1, 5] = 0.5  # bin 2
-    shares, evident, total = evident_bins(weights)
+    shares, evident, total, mass, all_mass = evident_bins(weights)
     assert shares.tolist() == [0.5, 0.0, 0.25, 0.0, 0.25] and evident == 4 and total == 20
+    assert mass == pytest.approx(0.3 * 3 + 0.5) and all_mass == pytest.approx(0.3 * 3 + 0.15 + 0.5)
 
 
 @pytest.fixture

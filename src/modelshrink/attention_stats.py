@@ -3,7 +3,9 @@
 An attention weight is *evident* when it exceeds 0.15. Source positions are normalised to (0, 1]
 over the document's real tokens and cut into five equal bins; for each document we take the share
 of its evident weights (over all layers, heads and generated tokens) in each bin, then average over
-documents. The weights are those of a teacher-forced pass over the generated sequence, which are
+documents. Two corpus shares are reported, since they differ by orders of magnitude: evident weights by
+count (of all weights: at most 6 of a row's weights can pass 0.15, so on long documents this is tiny)
+and by attention mass (the part of each row's sum of 1 that evident weights carry). The weights are those of a teacher-forced pass over the generated sequence, which are
 the weights generation itself used at each step (eager attention, so they can be returned).
 """
 
@@ -57,8 +59,9 @@ def cross_attention(model: Any, input_ids: torch.Tensor, attention_mask: torch.T
     return result
 
 
-def evident_bins(weights: np.ndarray) -> tuple[np.ndarray | None, int, int]:
-    """(share of the document's evident weights per position bin, evident count, all count)."""
+def evident_bins(weights: np.ndarray) -> tuple[np.ndarray | None, int, int, float, float]:
+    """(share of the document's evident weights per position bin, evident count, all count, the attention mass the
+    evident weights carry, all attention mass)."""
     n_source = weights.shape[-1]
     positions = (np.arange(n_source) + 1) / n_source  # (0, 1]
     bin_of = np.minimum((np.ceil(positions * BINS) - 1).astype(int), BINS - 1)
@@ -66,19 +69,23 @@ def evident_bins(weights: np.ndarray) -> tuple[np.ndarray | None, int, int]:
     per_position = evident.reshape(-1, n_source).sum(axis=0)
     counts = np.bincount(bin_of, weights=per_position, minlength=BINS)
     total = int(counts.sum())
-    return (counts / total if total else None), total, int(weights.size)
+    return ((counts / total if total else None), total, int(weights.size), float(weights[evident].sum()),
+            float(weights.sum()))
 
 
-def summarize_bins(per_doc: list[tuple[np.ndarray | None, int, int]]) -> dict[str, Any]:
-    shares = [s for s, _, _ in per_doc if s is not None]
-    evident = sum(e for _, e, _ in per_doc)
-    total = sum(t for _, _, t in per_doc)
+def summarize_bins(per_doc: list[tuple]) -> dict[str, Any]:
+    shares = [d[0] for d in per_doc if d[0] is not None]
+    evident = sum(d[1] for d in per_doc)
+    total = sum(d[2] for d in per_doc)
     mean = np.mean(shares, axis=0) if shares else np.zeros(BINS)
+    masses = [d[3:5] for d in per_doc if len(d) >= 5]  # rows written before the mass was recorded have none
+    mass = sum(m for m, _ in masses), sum(t for _, t in masses)
     return {
         "evident_threshold": EVIDENT,
         "bins": [f"({i / BINS:.1f}, {(i + 1) / BINS:.1f}]" for i in range(BINS)],
         "evident_share_by_bin": [round(float(x) * 100, 3) for x in mean],
         "evident_share_of_all_weights": round(100 * evident / total, 3) if total else 0.0,
+        "evident_share_of_attention_mass": (round(100 * mass[0] / mass[1], 3) if mass[1] else None),
         "documents_with_evident_weights": len(shares),
         "definition": "per document, the share (%) of its cross-attention weights > 0.15 (all layers, heads and "
                       "generated tokens) whose source position, normalised to (0, 1], falls in each bin; mean over "
@@ -111,8 +118,8 @@ class AttentionRecorder:
         weights = cross_attention(model, input_ids, attention_mask, sequences)
         if self.stats:
             for row, w in zip(rows, weights):
-                shares, evident, total = evident_bins(w)
-                row["_attention"] = [None if shares is None else shares.tolist(), evident, total]
+                shares, *counts = evident_bins(w)
+                row["_attention"] = [None if shares is None else shares.tolist(), *counts]
         if plot_row is not None:
             from modelshrink.figures import attention_heatmap
 

@@ -125,6 +125,8 @@ def recipe_defaults(command: Any, step: str, section: dict[str, Any], source: st
         name = names.get(k)
         if name is None:
             raise fail(f"config {source}: [{step}] has no option '{key}'")
+        if f is not None:
+            _check_type(value, typing.get_type_hints(cls)[f.name], f"config {source}: [{step}] {key} = {value!r}")
         if isinstance(value, list) and f is not None and is_list(f, typing.get_type_hints(cls)):
             value = ",".join(map(str, value))
         values[name] = value
@@ -132,6 +134,37 @@ def recipe_defaults(command: Any, step: str, section: dict[str, Any], source: st
         order = [f.name for f in dataclasses.fields(cls) if spec_of(f).argument]
         values[variadic.name] = [positional[n] for n in order if positional.get(n) is not None]
     return values
+
+
+_TYPE_NAMES = {bool: "true or false", int: "a whole number", float: "a number", str: "a string (in quotes)"}
+
+
+def _check_type(value: Any, hint: Any, where: str) -> None:
+    """A recipe value of the option's type, else one line naming the file, the key and what it takes (Click would
+    name only the flag: "Invalid value for '--num-beams'")."""
+    inner = _unwrap(hint)
+    origin = typing.get_origin(inner)
+    if origin in (list, tuple):
+        items = typing.get_args(inner)
+        if isinstance(value, str) and origin is list:  # layer ids as "0,6,11"
+            return
+        if not isinstance(value, list):
+            raise fail(f"{where}: expected a list")
+        for item in value:
+            _check_type(item, items[0] if items else Any, where)
+        return
+    if inner is bool:
+        ok = isinstance(value, bool)
+    elif inner is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif inner is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif inner in (str, Path):
+        ok = isinstance(value, str)
+    else:
+        return
+    if not ok:
+        raise fail(f"{where}: expected {_TYPE_NAMES.get(inner, 'a string (in quotes)')}")
 
 
 def read_recipe(path: Path) -> dict[str, Any]:
