@@ -146,6 +146,22 @@ DQ_ROWS += [(f"{key}-clip", f"{name}, clamp ±2.5") for key, name in DQ_ROWS[1:]
 DQ_PAIRS += [(f"{a}-clip", f"{b}-clip") for a, b in DQ_PAIRS] + [(f"{key}-clip", key) for key, _ in DQ_ROWS[1:6]]
 
 
+def _loss_windows(log: Path, term: str = "loss", width: int = 50, count: int = 4) -> list[tuple[int, int, float]]:
+    """(first step, last step, mean of `term`) of the last `count` windows of `width` steps of a train_log.jsonl."""
+    if not log.is_file():
+        return []
+    losses = [(row["step"], row[term]) for row in map(json.loads, log.read_text().splitlines()) if term in row]
+    if not losses:
+        return []
+    last = losses[-1][0]
+    windows = []
+    for end in range(last, 0, -width)[:count][::-1]:
+        inside = [loss for step, loss in losses if end - width < step <= end]
+        if inside:
+            windows.append((end - width + 1, end, statistics.mean(inside)))
+    return windows
+
+
 def dqbart(runs: Path, figures: Path) -> None:
     folder = runs / "dq-bart"
     float_eval = _json(folder / "eval-float" / "metrics.json")
@@ -180,6 +196,15 @@ def dqbart(runs: Path, figures: Path) -> None:
             if m is not None:
                 ps = " | ".join(_delta_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
                 print(f"| {names[a]} against {names[b]} | {ps} |")
+    trends = [(f"{name}, {what}", _loss_windows(folder / key / "train_log.jsonl", term)) for key, name in DQ_ROWS
+              for term, what in (("loss", "total"), ("kd_hidden", "hidden-state term"))]
+    trends = [(name, windows) for name, windows in trends if windows]
+    if trends:
+        print("\nTraining loss (logged, mean over each window of 50 steps; still falling = not converged):"
+              "\n\n| model | " + " | ".join(f"steps {a}-{b}" for a, b, _ in trends[0][1]) + " |\n|---|"
+              + "---|" * len(trends[0][1]))
+        for name, windows in trends:
+            print(f"| {name} | " + " | ".join(f"{mean:.2f}" for _, _, mean in windows) + " |")
     try:
         from modelshrink.figures import quality_vs_footprint
 

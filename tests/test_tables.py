@@ -1,0 +1,50 @@
+"""recipes/tables.py prints REPRODUCTION.md's tables from the artifacts a recipe wrote: here a DQ-BART folder
+made by hand (metrics, manifests, a training log), read back as rows, paired tests and loss windows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+TABLES = Path(__file__).resolve().parents[1] / "recipes" / "tables.py"
+
+
+def _metrics(rouge: float, against: dict | None = None, size: int | None = None) -> dict:
+    m = {key: rouge for key in ("rouge1", "rouge2", "rougeL")}
+    m["ci95"] = {key: [rouge - 1, rouge + 1] for key in ("rouge1", "rouge2", "rougeL")}
+    if size:
+        m["efficiency"] = {"bytes_on_disk": size}
+    if against:
+        m["against"] = against
+    return m
+
+
+def _write(path: Path, data: dict) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    name = "metrics.json" if path.name.startswith("eval-") else "modelshrink.json"
+    (path / name).write_text(json.dumps(data))
+
+
+def test_dqbart_rows_pairs_clamped_rows_and_loss_windows(tmp_path):
+    folder = tmp_path / "dq-bart"
+    _write(folder / "eval-float", _metrics(40.0, size=200_000_000))
+    gap = {"delta": {"rouge1": -17.5, "rouge2": -1.0, "rougeL": -16.25}, "p": {"rouge1": 0.0001, "rouge2": 0.2,
+                                                                             "rougeL": 0.0001}}
+    for key, rouge in (("888-direct", 39.0), ("888-direct-clip", 22.5), ("888-6-6-clip", 40.25)):
+        _write(folder / f"eval-{key}", _metrics(rouge, against=gap))  # re-scored: no efficiency, manifest bytes
+        _write(folder / key, {"metrics": {"bytes_on_disk": 50_000_000, "bytes_at_nominal_bits": 50_000_000}})
+    _write(folder / "eval-888-direct-clip-vs-888-direct", _metrics(22.5, against=gap))
+    log = [{"step": step, "loss": 5.0 - step / 100, "kd_hidden": 1.0} for step in range(10, 301, 10)]
+    (folder / "888-6-6-clip" / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    done = subprocess.run([sys.executable, str(TABLES), "dqbart", str(tmp_path), "--figures", str(tmp_path / "f")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "| 8-8-8 6-6, direct, clamp ±2.5 | 50.0 | 4.0× | 50.0 | 4.0× | 22.50 [21.50, 23.50] |" in out
+    assert "-16.25 (< 0.001*)" in out and "| 8-8-8 6-6, direct, clamp ±2.5 against 8-8-8 6-6, direct |" in out
+    assert "2-2-8 6-6, distillation-aware" not in out  # rows without an evaluation are left out
+    # the last four windows of 50 steps, means of the logged loss: steps 101-150 log 5 - 1.1 .. 5 - 1.5 (mean 3.7)
+    assert "| model | steps 101-150 | steps 151-200 | steps 201-250 | steps 251-300 |" in out
+    assert "| 8-8-8 6-6, distillation-aware, clamp ±2.5, total | 3.70 | 3.20 | 2.70 | 2.20 |" in out
