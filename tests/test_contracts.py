@@ -271,3 +271,22 @@ def test_runtime_imports_no_torch():
 
     code = "import sys, modelshrink.runtime; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_options_sit_under_the_modules_that_read_them():
+    """Importing every step's options pulls in no torch and none of the modules that read them: only the options
+    themselves and torch-free leaves (errors and the runtime's error type, precision names, significance methods,
+    `quant.spec`: what --bits means)."""
+    import subprocess
+    import sys
+
+    code = ("import pkgutil, importlib, sys, modelshrink.options as o\n"
+            "for m in pkgutil.iter_modules(o.__path__): importlib.import_module(f'modelshrink.options.{m.name}')\n"
+            "print(' '.join(sorted(n for n in sys.modules if n.startswith('modelshrink'))), 'torch' in sys.modules)")
+    names, torch_loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                                         text=True).stdout.rsplit(" ", 1)
+    leaves = ("modelshrink.options", "modelshrink.runtime", "modelshrink.errors", "modelshrink.precision",
+              "modelshrink.metrics", "modelshrink.quant.spec")
+    outside = {n for n in names.split() if not n.startswith(leaves)} - {"modelshrink", "modelshrink.quant"}
+    assert {"modelshrink.metrics.stats"} >= {n for n in names.split() if n.startswith("modelshrink.metrics.")}
+    assert not outside and torch_loaded.strip() == "False", (outside, torch_loaded)

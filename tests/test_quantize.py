@@ -17,7 +17,8 @@ from modelshrink.cli import app
 from modelshrink.errors import UserError
 from modelshrink.models import load_classifier
 from modelshrink.quant.model import WEIGHTS_NAME, load_quantized, save_quantized
-from modelshrink.quant.modules import parse_bits, quantize_model
+from modelshrink.quant.modules import quantize_model
+from modelshrink.quant.spec import parse_bits
 from modelshrink.quant.packing import packed_bytes
 from modelshrink.quantize import QuantizeOptions, nominal_bytes, quantize
 

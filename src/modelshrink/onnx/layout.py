@@ -23,7 +23,6 @@ from typing import Any
 from modelshrink.errors import UserError
 from modelshrink.runtime.files import DEQUANTIZED, DTYPE_SUFFIXES, INT8_SCALED, SUBFOLDER
 
-LAYOUTS = ("optimum", "transformers.js")
 # Seq2seq model types transformers.js 4.3 has a model for (MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES) among
 # those we export; bart and t5 are tested (tests/test_clients.py). Every classifier type we export is there too.
 TRANSFORMERS_JS_SEQ2SEQ = ("bart", "mbart", "marian", "t5", "mt5")

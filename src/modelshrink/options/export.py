@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 from modelshrink.errors import UserError
-from modelshrink.onnx.layout import LAYOUTS
 from modelshrink.options import REQUIRED, Options, opt, options_class
+
+LAYOUTS = ("optimum", "transformers.js")  # the folder layouts `export` writes (modelshrink.onnx.layout)
 
 CHECK = "Validation against PyTorch"
 MIN_OPSET, MAX_OPSET = 14, 20

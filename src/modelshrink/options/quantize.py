@@ -9,6 +9,7 @@ from modelshrink.errors import UserError
 from modelshrink.options import REQUIRED, opt, options_class
 from modelshrink.options.generation import GEN
 from modelshrink.options.train import DATA, OPT, SPLITS, VAL, TrainOptions
+from modelshrink.quant.spec import parse_bits
 
 TRAIN = "Training (--method distill)"
 # all that `--method direct` reads; every other option goes with --method distill
@@ -67,8 +68,6 @@ class QuantizeOptions(TrainOptions):
                                     "refused by default, since pickles can run code.")
 
     def check(self) -> None:
-        from modelshrink.quant.modules import parse_bits
-
         self.spec: Any = parse_bits(self.bits, self.allow_low_activation_bits, self.granularity,
                                     self.activation_clip)
         if self.method == "direct":

@@ -25,7 +25,8 @@ from safetensors.torch import load_file, save_file
 
 from modelshrink.errors import UserError
 from modelshrink.families import ENCODER_DECODER_TYPE
-from modelshrink.quant.modules import QuantSpec, check_quantizable, latent_weights, quantize_model
+from modelshrink.quant.modules import check_quantizable, latent_weights, quantize_model
+from modelshrink.quant.spec import QuantSpec
 from modelshrink.quant.packing import BITS_PER_VALUE, pack, unpack
 from modelshrink.quant.quantizers import dequantize, quantize_weight
 
