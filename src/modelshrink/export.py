@@ -19,7 +19,7 @@ import torch
 
 from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
 from modelshrink.errors import UserError
-from modelshrink.families import CLASSIFIER_TYPES, TOKEN_TYPE_CLASSIFIERS, family_of
+from modelshrink.families import CLASSIFIER_TYPES, TOKEN_TYPE_CLASSIFIERS, model_kind
 from modelshrink.onnx import lowbit
 from modelshrink.onnx.compress import compact_quantized, keep_low_bits, quantize_int8
 from modelshrink.onnx.fuse import fuse_decoder_with_past
@@ -48,12 +48,9 @@ def inspect(spec: str, trust_remote_code: bool = False) -> tuple[str, Any]:
         what = f"a {manifest['kind']} artifact (step {manifest['step']})" if manifest else "a folder without config.json"
         raise UserError(f"{spec} is not a model: it is {what}; expected a model artifact or save_pretrained folder")
     config = load_config(spec, "model", trust_remote_code)
-    if getattr(config, "is_encoder_decoder", False):
-        family_of(config)  # a UserError naming the supported families
-        return "seq2seq", config
-    if config.model_type in CLASSIFIER_TYPES and any(a.endswith("ForSequenceClassification")
-                                                     for a in (config.architectures or [])):
-        return "classifier", config
+    kind = model_kind(config)  # a UserError naming the supported families for another encoder-decoder
+    if kind is not None:
+        return kind, config
     raise UserError(f"no export path for model type '{config.model_type}' "
                     f"({', '.join(config.architectures or []) or 'no architecture'}); supported: seq2seq families "
                     f"and sequence classifiers of type {', '.join(CLASSIFIER_TYPES)}")

@@ -43,6 +43,9 @@ class Family:
     encoder_layers_config: str  # dotted config attribute holding the number of encoder layers
     decoder_layers_config: str
     position_bias: str | None = None
+    # warm start (bert2bert): the decoder layer's new cross-attention block and the pretrained self-attention
+    # block it starts as a copy of (attention and output projection, both)
+    cross_from_self: tuple[str, str] | None = None
 
     def _resolve(self, model: nn.Module, path: str) -> nn.Module:
         if "{decoder}" in path:
@@ -85,7 +88,8 @@ FAMILIES = (
            encoder_layers="encoder.encoder.layer", decoder_layers="decoder.{decoder}.encoder.layer",
            encoder_self="attention.self", decoder_self="attention.self",
            decoder_cross="crossattention.self", query="query",
-           encoder_layers_config="encoder.num_hidden_layers", decoder_layers_config="decoder.num_hidden_layers"),
+           encoder_layers_config="encoder.num_hidden_layers", decoder_layers_config="decoder.num_hidden_layers",
+           cross_from_self=("crossattention", "attention")),
 )
 # The halves an EncoderDecoderModel may have: models whose layers share BERT's module layout.
 ENCODER_DECODER_HALVES = ("bert", "roberta")
@@ -118,6 +122,20 @@ def family_of(config) -> Family:
 CLASSIFIER_TYPES = ("bert", "roberta", "distilbert", "electra", "xlm-roberta")
 # Classifiers whose graph takes token_type_ids even where the tokenizer leaves them out.
 TOKEN_TYPE_CLASSIFIERS = ("bert",)
+
+
+def model_kind(config: Any, with_head: bool = True) -> str | None:
+    """What the steps make of a config: 'seq2seq' for an encoder-decoder of a supported family (a UserError naming
+    the families for any other encoder-decoder), 'classifier' for a BERT-like encoder of CLASSIFIER_TYPES (with
+    `with_head`, only one saved with a sequence-classification head), None for anything else. Each step words
+    its own refusal of None."""
+    if getattr(config, "is_encoder_decoder", False):
+        family_of(config)
+        return "seq2seq"
+    if config.model_type in CLASSIFIER_TYPES and (not with_head or any(
+            a.endswith("ForSequenceClassification") for a in (config.architectures or []))):
+        return "classifier"
+    return None
 
 
 def decoder_layer_count(config: Any) -> int:

@@ -36,13 +36,17 @@ def _cross_attention_from_self(model: Any) -> int:
     decoder's hidden states, so the pretrained self-attention is a far better start."""
     import torch
 
+    from modelshrink.families import family_of
+
+    family = family_of(model.config)
+    cross_name, self_name = family.cross_from_self
     copied = 0
     with torch.no_grad():
-        for layer in model.decoder.base_model.encoder.layer:
-            cross = getattr(layer, "crossattention", None)
+        for layer in family.decoder_layers_of(model):
+            cross = getattr(layer, cross_name, None)
             if cross is None:
                 continue
-            cross.load_state_dict(layer.attention.state_dict())
+            cross.load_state_dict(getattr(layer, self_name).state_dict())
             copied += 1
     return copied
 

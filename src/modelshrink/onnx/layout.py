@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from modelshrink.errors import UserError
+from modelshrink.families import ENCODER_DECODER_TYPE
 from modelshrink.runtime.files import DEQUANTIZED, DTYPE_SUFFIXES, INT8_SCALED, SUBFOLDER
 
 # Seq2seq model types transformers.js 4.3 has a model for (MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES) among
@@ -36,7 +37,7 @@ def check_layout(layout: str, kind: str, config: Any, merge: bool) -> None:
     if layout != "transformers.js" or kind != "seq2seq":
         return
     if config.model_type not in TRANSFORMERS_JS_SEQ2SEQ:
-        what = "EncoderDecoderModel (bert2bert)" if config.model_type == "encoder-decoder" else config.model_type
+        what = "EncoderDecoderModel (bert2bert)" if config.model_type == ENCODER_DECODER_TYPE else config.model_type
         raise UserError(f"--layout transformers.js: transformers.js has no model for {what}; it runs the seq2seq "
                         f"types {', '.join(TRANSFORMERS_JS_SEQ2SEQ)} and the classifiers (use --layout optimum "
                         "for this model)")

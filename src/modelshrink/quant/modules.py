@@ -92,13 +92,11 @@ def register_attention() -> None:
 
 def check_quantizable(config: Any) -> str:
     """'seq2seq' or 'classifier'; a UserError for a family without a quantization map."""
-    from modelshrink.families import family_of, supported_families
+    from modelshrink.families import model_kind, supported_families
 
-    if getattr(config, "is_encoder_decoder", False):
-        family_of(config)
-        return "seq2seq"
-    if config.model_type in CLASSIFIER_TYPES:
-        return "classifier"
+    kind = model_kind(config, with_head=False)  # a bare encoder is refused where it is loaded, naming the head
+    if kind is not None:
+        return kind
     raise UserError(f"no quantization map for model type '{config.model_type}'; supported: {supported_families()}, "
                     f"and classifiers of type {', '.join(CLASSIFIER_TYPES)}")
 
