@@ -178,7 +178,7 @@ def test_assembly_in_order(tmp_path):
 def _fail_if_loaded(monkeypatch):
     def loaded(*a, **k):
         raise AssertionError("the model was loaded before the output was checked")
-    monkeypatch.setattr("modelshrink.pseudolabel.load_seq2seq", loaded)
+    monkeypatch.setattr("modelshrink.summarizer.load_seq2seq", loaded)  # the model pseudolabel loads
 
 
 def test_an_output_under_a_file_is_refused_before_loading(saved_models, docs_jsonl, tmp_path, monkeypatch):

@@ -102,50 +102,27 @@ def _latency_note(launch: Any) -> dict[str, Any]:
 def _summarize_with_model(options: EvalOptions, docs: list[Any], staging: Path, launch: Any,
                           progress: ProgressFn | None, log: LogFn
                           ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any], Any]:
-    from modelshrink import shards
-    from modelshrink.attention_stats import AttentionRecorder
     from modelshrink.efficiency import parameter_count, peak_memory, reset_peak_memory, weight_bytes
-    from modelshrink.generation import decode, generate_ids, plan_batches, resolve_generation
-    from modelshrink.models import load_seq2seq, source_length
-    from modelshrink.plate import attention_temperature, batch_lambdas, lambdas_of
-    from modelshrink.precision import torch_dtype
+    from modelshrink.summarizer import Summarizer
 
     if options.attention_plot is not None and options.attention_plot not in {d.id for d in docs}:
         raise UserError(f"--attention-plot: no document with id '{options.attention_plot}' in {options.data}")
     device = launch.device
-    model, tokenizer, family = load_seq2seq(options.model, "model", options.trust_remote_code, device,
-                                            allow_pickle=options.allow_pickle)
-    model.to(torch_dtype(options.dtype))
-    settings = resolve_generation(model.generation_config, num_beams=options.num_beams,
-                                  length_penalty=options.length_penalty, min_length=options.min_length,
-                                  max_length=options.max_length, no_repeat_ngram_size=options.no_repeat_ngram_size)
-    max_source_length = source_length(options.max_source_length, tokenizer, model.config)
-    recorder = AttentionRecorder(options.attention_stats, options.attention_plot, staging, tokenizer)
-    lambdas = lambdas_of(options)
-    rows_scale = None  # set inside the temperature block below, for per-document λ
+    system = Summarizer(options, options.model, "model", device, staging)
+    model, tokenizer = system.model, system.tokenizer
 
-    def run(batch: Any) -> list[dict[str, Any]]:
-        padded = tokenizer.pad({"input_ids": batch.token_ids}, return_tensors="pt")
-        input_ids, mask = padded["input_ids"].to(device), padded["attention_mask"].to(device)
-        row_lambdas = batch_lambdas(options, [e.index for e in batch.rows])
-        if rows_scale is not None:
-            rows_scale.set(row_lambdas)
-        ids = generate_ids(model, input_ids, mask, settings)
-        rows = [{"id": e.id, "document": e.document, "prediction": text, "reference": e.reference}
-                for e, text in zip(batch.rows, decode(tokenizer, ids))]
+    def row_of(example: Any, text: str, lam: float) -> dict[str, Any]:
+        row = {"id": example.id, "document": example.document, "prediction": text, "reference": example.reference}
         if options.lambda_range is not None:
-            for row, lam in zip(rows, row_lambdas):
-                row["lambda"] = lam
-        recorder.record(model, rows, [e.id for e in batch.rows], row_lambdas, input_ids, mask, ids)
-        return rows
+            row["lambda"] = lam
+        return row
 
     reset_peak_memory(device)
-    truncated: list[str] = []
-    batches = shards.noting_truncation(plan_batches(iter(docs), tokenizer, options.batch_size, max_source_length,
-                                                    options.max_tokens), options.max_tokens, truncated, log)
+    batches = system.batches(iter(docs), log)
     # Everything that generates, the latency runs included, runs at the temperature asked for.
-    with attention_temperature(family.attention_modules(model), lambdas) as rows_scale:
-        rows, timing = _sharded(batches, staging, launch, run, len(docs), progress)
+    with system.temperature():
+        rows, timing = _sharded(batches, staging, launch, lambda batch: system.summarize(batch, row_of), len(docs),
+                                progress)
         if rows is None:
             return None, {}, {}, tokenizer
         efficiency: dict[str, Any] = {"parameters": parameter_count(model),
@@ -153,24 +130,18 @@ def _summarize_with_model(options: EvalOptions, docs: list[Any], staging: Path, 
                                       **_throughput(timing, options, launch), "device": device,
                                       "dtype": options.dtype, **peak_memory(device)}
         if options.latency_docs:
-            def one(example):
-                if rows_scale is not None:
-                    rows_scale.set(batch_lambdas(options, [example.index]))
-                enc = tokenizer(example.document, truncation=True, max_length=max_source_length, return_tensors="pt")
-                generate_ids(model, enc["input_ids"].to(device), enc["attention_mask"].to(device), settings)
-
             log(f"measuring latency at batch 1 on {min(options.latency_docs, len(docs))} documents")
-            efficiency.update(_latency(one, docs[:options.latency_docs]), **_latency_note(launch))
-    extra: dict[str, Any] = {"generation": settings.as_dict(), "max_source_length": max_source_length,
-                             "family": family.name, "dtype": options.dtype, "processes": launch.world,
-                             "lambda_by_kind": lambdas}
-    if truncated:
-        extra["truncated_to_max_tokens"] = len(truncated)
-    attention = recorder.summary(rows)
+            efficiency.update(_latency(system.generate_one, docs[:options.latency_docs]), **_latency_note(launch))
+    extra: dict[str, Any] = {"generation": system.settings.as_dict(), "max_source_length": system.max_source_length,
+                             "family": system.family.name, "dtype": options.dtype, "processes": launch.world,
+                             "lambda_by_kind": system.lambdas}
+    if system.truncated:
+        extra["truncated_to_max_tokens"] = len(system.truncated)
+    attention = system.recorder.summary(rows)
     if attention is not None:
         extra["attention"] = attention
-    if recorder.plot_name is not None:
-        extra["attention_plot"] = recorder.plot_name
+    if system.recorder.plot_name is not None:
+        extra["attention_plot"] = system.recorder.plot_name
     return rows, efficiency, extra, tokenizer
 
 

@@ -18,15 +18,12 @@ from typing import Any, Callable
 
 from modelshrink import shards
 from modelshrink.artifacts import RUN_FILE, ArtifactWriter, parent_ref
-from modelshrink.attention_stats import AttentionRecorder
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
-from modelshrink.generation import decode, generate_ids, plan_batches, resolve_generation, sample_seed
-from modelshrink.models import load_seq2seq, source_length
 from modelshrink.options.pseudolabel import PseudolabelOptions
-from modelshrink.plate import attention_temperature, batch_lambdas, lambdas_of
-from modelshrink.precision import check_precision, torch_dtype
+from modelshrink.precision import check_precision
 from modelshrink.runs import finished, open_run
+from modelshrink.summarizer import Summarizer
 
 
 ProgressFn = Callable[[int, int], None]  # (documents done, documents in total)
@@ -70,54 +67,34 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
         raise UserError(f"--attention-plot: no document with id '{options.attention_plot}' in {options.data}")
 
     device = launch.device
-    model, tokenizer, family = load_seq2seq(options.teacher, "teacher", options.trust_remote_code, device,
-                                            allow_pickle=options.allow_pickle)
-    model.to(torch_dtype(options.dtype))
-    settings = resolve_generation(
-        model.generation_config, num_beams=options.num_beams, length_penalty=options.length_penalty,
-        min_length=options.min_length, max_length=options.max_length,
-        no_repeat_ngram_size=options.no_repeat_ngram_size, do_sample=options.do_sample, top_p=options.top_p,
-        top_k=options.top_k, output_temperature=options.output_temperature)
-    max_source_length = source_length(options.max_source_length, tokenizer, model.config)
-    lambdas = lambdas_of(options)
+    teacher = Summarizer(options, options.teacher, "teacher", device)
+    lambdas = teacher.lambdas
     mixed_kinds = len(set(lambdas.values())) > 1
-    recorded = options.recorded()
-    resolved = {"generation": settings.as_dict(), "max_source_length": max_source_length,
+    resolved = {"generation": teacher.settings.as_dict(), "max_source_length": teacher.max_source_length,
                 "lambda_by_kind": lambdas, "text_column": text_column, "summary_column": summary_column,
-                "family": family.name, "device": device, "dtype": options.dtype, "processes": launch.world}
+                "family": teacher.family.name, "device": device, "dtype": options.dtype, "processes": launch.world}
+    recorded = options.recorded()
     parents = [parent_ref("teacher", options.teacher), parent_ref("data", options.data)]
     staging = open_run(launch, writer, recorded, parents)
+    teacher.recorder.folder = staging
 
-    recorder = AttentionRecorder(options.attention_stats, options.attention_plot, staging, tokenizer)
+    def row_of(example: Any, summary: str, lam: float) -> dict[str, Any]:
+        row: dict[str, Any] = {"_index": example.index, "id": example.id, "document": example.document,
+                               "summary": summary}
+        if example.reference is not None:
+            row["reference"] = example.reference
+        row["lambda"] = lam
+        if mixed_kinds:
+            row["lambda_by_kind"] = {k: (lam if v is None else v) for k, v in lambdas.items()}
+        return row
 
     def label(batch: Any, done: set[int]) -> list[dict[str, Any]]:
-        row_lambdas = batch_lambdas(options, [e.index for e in batch.rows])
-        if rows_scale is not None:
-            rows_scale.set(row_lambdas)
-        padded = tokenizer.pad({"input_ids": batch.token_ids}, return_tensors="pt")
-        input_ids, mask = padded["input_ids"].to(device), padded["attention_mask"].to(device)
-        seeds = [sample_seed(options.seed, e.index) for e in batch.rows] if options.do_sample else None
-        ids = generate_ids(model, input_ids, mask, settings, seeds)
-        rows: list[dict[str, Any]] = []
-        for example, summary, lam in zip(batch.rows, decode(tokenizer, ids), row_lambdas):
-            row: dict[str, Any] = {"_index": example.index, "id": example.id, "document": example.document,
-                                   "summary": summary}
-            if example.reference is not None:
-                row["reference"] = example.reference
-            row["lambda"] = lam
-            if mixed_kinds:
-                row["lambda_by_kind"] = {k: (lam if v is None else v) for k, v in lambdas.items()}
-            rows.append(row)
-        # The attention the summaries were written with: this runs inside the temperature block.
-        recorder.record(model, rows, [e.id for e in batch.rows], row_lambdas, input_ids, mask, ids)
-        return [r for r in rows if r["_index"] not in done]
+        return [r for r in teacher.summarize(batch, row_of) if r["_index"] not in done]
 
     stream = examples(source, text_column, summary_column, options.id_column, options.limit)
-    truncated: list[str] = []
-    batches = shards.noting_truncation(plan_batches(stream, tokenizer, options.batch_size, max_source_length,
-                                                    options.max_tokens), options.max_tokens, truncated, log)
+    batches = teacher.batches(stream, log)
     started = time.perf_counter()
-    with attention_temperature(family.attention_modules(model), lambdas) as rows_scale:
+    with teacher.temperature():
         counts = shards.run_part(batches, launch, staging, label, total, progress)
     seconds = time.perf_counter() - started  # the slowest process's, as every one waited for the others
     if not launch.main:
@@ -143,12 +120,12 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
         "docs_per_second": round(generated / seconds, 3) if generated and seconds > 0 else None,
         "summary_words_mean": round(words / total, 3),
         "empty_summaries": empty,
-        "truncated_to_max_tokens": len(truncated),
+        "truncated_to_max_tokens": len(teacher.truncated),
     }
-    attention = recorder.summary(attention_rows)
+    attention = teacher.recorder.summary(attention_rows)
     if attention is not None:
         metrics["attention"] = attention
-    if recorder.plot_name is not None:
-        resolved["attention_plot"] = recorder.plot_name
+    if teacher.recorder.plot_name is not None:
+        resolved["attention_plot"] = teacher.recorder.plot_name
     return writer.commit(step="pseudolabel", kind="dataset", options=recorded, parents=parents, metrics=metrics,
                          resolved=resolved)

@@ -1,0 +1,87 @@
+"""One seq2seq model writing summaries at the attention temperature asked for: what `pseudolabel` (the teacher
+labelling its data) and `eval` (the system under test) share.
+
+A `Summarizer` loads the model in the dtype asked for, resolves the generation settings (the options given win
+over the model's generation config), the source length and the λ of every attention kind, and plans batches by
+size or token budget. Inside `temperature()` its `summarize(batch, make_row)` generates a batch (per-document λ
+and sampling seeds included), decodes it, lets the step shape each row, and records the cross attention the
+summaries were written with. The steps keep what differs: the rows they write, what they count and where the
+rows go.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from modelshrink import shards
+from modelshrink.attention_stats import AttentionRecorder
+from modelshrink.generation import decode, generate_ids, plan_batches, resolve_generation, sample_seed
+from modelshrink.models import load_seq2seq, source_length
+from modelshrink.plate import attention_temperature, batch_lambdas, lambdas_of
+from modelshrink.precision import torch_dtype
+
+RowFn = Callable[[Any, str, float], dict[str, Any]]  # (example, summary text, its λ) -> the step's row
+
+
+class Summarizer:
+    def __init__(self, options: Any, spec: str, role: str, device: Any, staging: Path | None = None) -> None:
+        """`staging`: where an attention plot goes; it may be set later (`recorder.folder`), once the run's
+        folder exists: the model loads first, so a model that does not load leaves nothing written."""
+        self.options, self.device = options, device
+        self.model, self.tokenizer, self.family = load_seq2seq(spec, role, options.trust_remote_code, device,
+                                                               allow_pickle=options.allow_pickle)
+        self.model.to(torch_dtype(options.dtype))
+        self.settings = resolve_generation(
+            self.model.generation_config, num_beams=options.num_beams, length_penalty=options.length_penalty,
+            min_length=options.min_length, max_length=options.max_length,
+            no_repeat_ngram_size=options.no_repeat_ngram_size, do_sample=getattr(options, "do_sample", False),
+            top_p=getattr(options, "top_p", None), top_k=getattr(options, "top_k", None),
+            output_temperature=getattr(options, "output_temperature", None))
+        self.max_source_length = source_length(options.max_source_length, self.tokenizer, self.model.config)
+        self.lambdas = lambdas_of(options)
+        self.recorder = AttentionRecorder(options.attention_stats, options.attention_plot, staging, self.tokenizer)
+        self.truncated: list[str] = []  # ids of documents longer than --max-tokens
+        self._scale = None  # per-document λ, inside temperature()
+
+    def batches(self, stream: Iterator[Any], log: Callable[[str], None]) -> Iterator[Any]:
+        return shards.noting_truncation(plan_batches(stream, self.tokenizer, self.options.batch_size,
+                                                     self.max_source_length, self.options.max_tokens),
+                                        self.options.max_tokens, self.truncated, log)
+
+    @contextmanager
+    def temperature(self) -> Iterator[None]:
+        """Everything that generates runs in here, at the λ asked for (the weights are restored after)."""
+        with attention_temperature(self.family.attention_modules(self.model), self.lambdas) as scale:
+            self._scale = scale
+            try:
+                yield
+            finally:
+                self._scale = None
+
+    def _lambdas(self, indexes: list[int]) -> list[float]:
+        row_lambdas = batch_lambdas(self.options, indexes)
+        if self._scale is not None:
+            self._scale.set(row_lambdas)
+        return row_lambdas
+
+    def summarize(self, batch: Any, make_row: RowFn) -> list[dict[str, Any]]:
+        """One row per document of the batch, in its order, with the attention statistics recorded into them."""
+        row_lambdas = self._lambdas([e.index for e in batch.rows])
+        padded = self.tokenizer.pad({"input_ids": batch.token_ids}, return_tensors="pt")
+        input_ids, mask = padded["input_ids"].to(self.device), padded["attention_mask"].to(self.device)
+        seeds = [sample_seed(self.options.seed, e.index) for e in batch.rows] if self.settings.do_sample else None
+        ids = generate_ids(self.model, input_ids, mask, self.settings, seeds)
+        rows = [make_row(example, text, lam)
+                for example, text, lam in zip(batch.rows, decode(self.tokenizer, ids), row_lambdas)]
+        self.recorder.record(self.model, rows, [e.id for e in batch.rows], row_lambdas, input_ids, mask, ids)
+        return rows
+
+    def generate_one(self, example: Any) -> None:
+        """One document alone (batch-1 latency), at its own λ."""
+        self._lambdas([example.index])
+        enc = self.tokenizer(example.document, truncation=True, max_length=self.max_source_length,
+                             return_tensors="pt")
+        generate_ids(self.model, enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device),
+                     self.settings)
