@@ -156,6 +156,25 @@ def classifier_path(tmp_path_factory) -> Path:
     return save_classifier(tmp_path_factory.mktemp("classifier") / "bert-classifier", bert_tokenizer())
 
 
+def free_port() -> int:
+    """A TCP port nobody listens on now: each multi-process launch gets its own, so launches in parallel test
+    workers (pytest -n 2) do not meet on accelerate's and torchrun's default 29500."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_command(processes: int, *args) -> list[str]:
+    """`accelerate launch` of `python -m modelshrink ARGS` on `processes` gloo processes, on a free port."""
+    import sys
+
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+            str(free_port()), "-m", "modelshrink", *map(str, args)]
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     with open(path, "w") as f:
         for row in rows:

@@ -152,19 +152,29 @@ def test_a_layout_for_a_family_its_client_cannot_run_is_refused(plain_models, tm
 
 # ------------------------------------------------------------------ transformers.js (Node)
 
+REQUIRE_CLIENTS = "MODELSHRINK_REQUIRE_CLIENTS"  # .ci/run sets it: there a missing client fails, never skips
+
+
+def _missing(reason: str) -> None:
+    """Skip, saying why and how to install the client; under .ci/run, fail instead."""
+    if os.environ.get(REQUIRE_CLIENTS) == "1":
+        pytest.fail(f"{REQUIRE_CLIENTS}=1 and a client is missing: {reason}")
+    pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def transformers_js() -> Path:
     """The Node script, or a skip that says how to install what it needs."""
     if shutil.which("node") is None:
-        pytest.skip("node is not installed: transformers.js runs in Node 18+")
+        _missing("node is not installed: transformers.js runs in Node 18+")
     pinned = json.loads((JS / "package.json").read_text())["dependencies"]["@huggingface/transformers"]
     installed = JS / "node_modules" / "@huggingface" / "transformers" / "package.json"
     if not installed.is_file():
-        pytest.skip(f"transformers.js {pinned} is not installed: npm ci --prefix tests/js --ignore-scripts")
+        _missing(f"transformers.js {pinned} is not installed: npm ci --prefix tests/js --ignore-scripts")
     version = json.loads(installed.read_text())["version"]
     if version != pinned:
-        pytest.skip(f"tests/js has transformers.js {version}, not the pinned {pinned}: npm ci --prefix tests/js "
-                    "--ignore-scripts")
+        _missing(f"tests/js has transformers.js {version}, not the pinned {pinned}: npm ci --prefix tests/js "
+                 "--ignore-scripts")
     return JS / "generate.mjs"
 
 
@@ -186,6 +196,37 @@ def test_transformers_js_generates_the_runtimes_tokens(transformers_js, exported
     assert all(len(set(row)) == len(row) for row in expected[1])  # the banned repeats did change the tokens
     if not flags and model in plain_models:
         assert expected == _pytorch_tokens(plain_models[model], ids, SEARCHES)
+
+
+def _unpadded(rows: list[list[int]], pad: int) -> list[list[int]]:
+    """Each generated row without the padding after its end (a batch pads its finished rows)."""
+    out = []
+    for row in rows:
+        while len(row) > 1 and row[-1] == pad:
+            row = row[:-1]
+        out.append(row)
+    return out
+
+
+@pytest.mark.parametrize("model", ["bart", "t5"])
+def test_transformers_js_generates_a_padded_batch_as_the_runtime(transformers_js, exported, model):
+    """Two documents of different lengths generated together (the shorter one padded): the same tokens as the
+    runtime's padded batch. (transformers.js 4.3 ignores num_beams, so its searches are greedy; the runtime's
+    beam search is checked against PyTorch in tests/test_runtime.py.)"""
+    from modelshrink.runtime import load
+
+    folder = exported(model, "transformers.js")
+    documents = [DOCS[0], DOCS[0] + " " + DOCS[1]]
+    got = _node(transformers_js, folder, {"documents": documents, "searches": SEARCHES, "batch": True})
+    runtime = load(folder)
+    encoded = runtime.encode(documents)
+    assert len(set(map(len, got["input_ids"]))) == 2 and 0 in encoded["attention_mask"]  # padding happened
+    assert got["input_ids"] == [[i for i, m in zip(ids, mask) if m] for ids, mask in
+                                zip(encoded["input_ids"].tolist(), encoded["attention_mask"].tolist())]
+    for search, batch in zip(SEARCHES, got["batch_generated"]):
+        settings = runtime.settings(**search)
+        ours = runtime.generate_ids(encoded["input_ids"], encoded["attention_mask"], settings).tolist()
+        assert len(batch) == 2 and _unpadded(batch, settings.pad_token_id) == _unpadded(ours, settings.pad_token_id)
 
 
 def test_transformers_js_runs_8_bit_quantize_artifacts_as_they_are(transformers_js, exported):
@@ -247,9 +288,9 @@ class OptimumProcess:
 def optimum():
     python = os.environ.get(OPTIMUM_PYTHON)
     if not python:
-        pytest.skip(f"{OPTIMUM_PYTHON} is not set: optimum-onnx 0.1 needs transformers < 4.58, so it needs its own "
-                    f"environment: python -m venv --system-site-packages V && V/bin/pip install optimum-onnx==0.1.0 "
-                    f"transformers==4.57.6, then {OPTIMUM_PYTHON}=V/bin/python")
+        _missing(f"{OPTIMUM_PYTHON} is not set: optimum-onnx 0.1 needs transformers < 4.58, so it needs its own "
+                 f"environment: python -m venv --system-site-packages V && V/bin/pip install optimum-onnx==0.1.0 "
+                 f"transformers==4.57.6, then {OPTIMUM_PYTHON}=V/bin/python")
     if shutil.which(python) is None:
         pytest.fail(f"{OPTIMUM_PYTHON}={python} is not an executable")
     process = OptimumProcess(python)
@@ -285,3 +326,16 @@ def test_the_runtime_runs_optimums_own_export(optimum, exported, plain_models, m
     for name in ("tokenizer.json", "tokenizer_config.json"):  # transformers 4 cannot load a transformers 5 tokenizer
         shutil.copy(plain_models[model] / name, folder / name)
     assert _runtime_tokens(folder, SEARCHES) == _runtime_tokens(exported(model), SEARCHES)
+
+
+def test_a_missing_client_fails_where_clients_are_required(monkeypatch):
+    """.ci/run sets MODELSHRINK_REQUIRE_CLIENTS=1: there a client that is not installed fails the suite; anywhere
+    else its tests skip, saying how to install it."""
+    monkeypatch.setenv(REQUIRE_CLIENTS, "1")
+    with pytest.raises(pytest.fail.Exception, match="a client is missing: node is not installed"):
+        _missing("node is not installed")
+    monkeypatch.delenv(REQUIRE_CLIENTS)
+    with pytest.raises(pytest.skip.Exception, match="node is not installed"):
+        _missing("node is not installed")
+    ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
+    assert "MODELSHRINK_REQUIRE_CLIENTS=1" in ci and ci.count("exit 1") >= 3

@@ -24,6 +24,7 @@ from modelshrink.options.eval import EvalOptions
 from modelshrink.options.export import ExportOptions
 from modelshrink.options.pseudolabel import PseudolabelOptions
 from modelshrink.options.quantize import QuantizeOptions
+from modelshrink.options.quickstart import QuickstartOptions
 
 runner = CliRunner()
 SRC = Path(__file__).resolve().parents[1] / "src" / "modelshrink"
@@ -43,10 +44,12 @@ EXAMPLES = {
     "eval": EvalOptions(model="runs/student", data="valid.jsonl", against="runs/eval-base",
                         limited_length_recall=True, latency_docs=0, resamples=200),
     "export": ExportOptions(model="runs/student", int8=True, per_channel=False, merge=False, opset=15),
+    "quickstart": QuickstartOptions(teacher_steps=5, eval_docs=7, max_source_length=48),
 }
 LIBRARY = {"pseudolabel": ("modelshrink.pseudolabel", "pseudolabel"), "distill": ("modelshrink.distill", "distill"),
            "quantize": ("modelshrink.quantize", "quantize"), "contrastive": ("modelshrink.contrastive", "contrastive"),
-           "eval": ("modelshrink.evaluate", "evaluate"), "export": ("modelshrink.export", "export_model")}
+           "eval": ("modelshrink.evaluate", "evaluate"), "export": ("modelshrink.export", "export_model"),
+           "quickstart": ("modelshrink.quickstart", "run_quickstart")}
 
 
 def _parsed(monkeypatch, args: list[str]):
@@ -59,6 +62,9 @@ def _parsed(monkeypatch, args: list[str]):
         seen.append(options)
         if options.STEP == "eval":
             return Path(output), {"task": "summarization", "documents": 0}
+        if options.STEP == "quickstart":
+            return {"comparison": {"task": "summarization", "systems": [],
+                                   "significance": {"method": "permutation", "against": "none"}}}
         return (Path(output), {}) if options.STEP == "export" else Path(output)
 
     module, name = LIBRARY[next(a for a in args if a in LIBRARY)]

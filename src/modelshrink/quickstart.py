@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
 from modelshrink.artifacts import ArtifactWriter, check_output, parent_ref
 from modelshrink.models import save_model
+from modelshrink.options.quickstart import QuickstartOptions
 from modelshrink.warmstart import WARMSTART_GENERATION, init_encoder_decoder, packaged_minilm
 
 
@@ -48,25 +48,11 @@ def warmstart_artifact(encoder: str, output: Path, overwrite: bool = False, seed
                              parents=[parent_ref("encoder", encoder)], metrics=metrics)
 
 
-@dataclass
-class QuickstartBudget:
-    """How much work each step does; the defaults fit about 15 minutes on 2 CPU cores."""
-
-    teacher_steps: int = 300
-    student_steps: int = 60
-    quantize_steps: int = 30
-    quantize_bits: tuple[str, ...] = ("8-8-8", "2-2-8")
-    pseudolabel_docs: int = 400
-    eval_docs: int = 100
-    latency_docs: int = 8
-    batch_size: int = 16
-    max_source_length: int = 64
-    max_target_length: int = 24
-    lambdas: tuple[float, ...] = (1.0, 2.0)
-    runtime_docs: int = 3
+QUANTIZE_BITS = ("8-8-8", "2-2-8")  # the λ = 2 student, quantized both ways
+LAMBDAS = (1.0, 2.0)  # the pseudo-label sets: regular and PLATE's λ = 2
 
 
-def run_quickstart(output: str | Path, *, budget: QuickstartBudget | None = None, overwrite: bool = False,
+def run_quickstart(budget: QuickstartOptions | None, output: str | Path, *, overwrite: bool = False,
                    progress: Callable[[str], Any] | None = None, train_progress: Callable[[str], Any] | None = None,
                    log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Run the chain into `output` (a folder of artifacts); returns the comparison."""
@@ -77,7 +63,7 @@ def run_quickstart(output: str | Path, *, budget: QuickstartBudget | None = None
     from modelshrink.options.quantize import QuantizeOptions
     from modelshrink.quantize import quantize
 
-    budget = budget or QuickstartBudget()
+    budget = budget or QuickstartOptions()
     output = check_output(output, overwrite)
     if output.exists():
         shutil.rmtree(output)
@@ -91,7 +77,7 @@ def run_quickstart(output: str | Path, *, budget: QuickstartBudget | None = None
                                      max_target_length=budget.max_target_length, device="cpu", **lengths),
                       output / "teacher", progress=train_progress("teacher") if train_progress else None, log=log)
     students = {}
-    for lam in budget.lambdas:
+    for lam in LAMBDAS:
         log(f"2/6 pseudo labels at λ = {lam:g} for {budget.pseudolabel_docs} training documents")
         labels = pseudolabel(PseudolabelOptions(teacher=str(teacher), data=train, limit=budget.pseudolabel_docs,
                                                 lam=lam, max_length=budget.max_target_length, device="cpu", **lengths),
@@ -104,9 +90,9 @@ def run_quickstart(output: str | Path, *, budget: QuickstartBudget | None = None
                                                max_target_length=budget.max_target_length, device="cpu", **lengths),
                                 output / f"student-lambda{lam:g}",
                                 progress=train_progress(f"student λ={lam:g}") if train_progress else None, log=log)
-    last = budget.lambdas[-1]
+    last = LAMBDAS[-1]
     quantized = {}
-    for bits in budget.quantize_bits:
+    for bits in QUANTIZE_BITS:
         log(f"4/6 student λ = {last:g} quantized to {bits} by distillation-aware training, "
             f"{budget.quantize_steps} steps")
         quantized[bits] = quantize(QuantizeOptions(model=str(students[last]), bits=bits, data=str(labels_last),
@@ -135,7 +121,7 @@ def run_quickstart(output: str | Path, *, budget: QuickstartBudget | None = None
 
 
 def deploy_best(systems: list[tuple[str, Path]], comparison: dict[str, Any], output: Path, validation: str,
-                budget: QuickstartBudget, log: Callable[[str], None]) -> dict[str, Any]:
+                budget: QuickstartOptions, log: Callable[[str], None]) -> dict[str, Any]:
     """Export the compressed student with the best ROUGE-1 to ONNX (validated against PyTorch), then
     summarize a few validation documents with the torch-free runtime in a separate process."""
     import subprocess

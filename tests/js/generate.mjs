@@ -2,9 +2,11 @@
 //
 //     node tests/js/generate.mjs FOLDER < request.json
 //
-// request: {"documents": [...], "searches": [generate() options, ...]}, optionally "session_options" (onnxruntime's).
-// A seq2seq folder prints {"input_ids": [ids of each document], "generated": [[ids of each document] for each
-// search]}, greedy; a classifier prints {"logits": [logits of each document]}.
+// request: {"documents": [...], "searches": [generate() options, ...]}, optionally "session_options" (onnxruntime's)
+// and "batch": true. A seq2seq folder prints {"input_ids": [ids of each document], "generated": [[ids of each
+// document] for each search]}, greedy, one document at a time; with "batch", also "batch_generated": [[ids of each
+// document] for each search], the documents generated together as one padded batch. A classifier prints
+// {"logits": [logits of each document]}.
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import {
@@ -36,6 +38,14 @@ if (config.is_encoder_decoder) {
             rows.push(out.tolist()[0].map(Number));
         }
         result.generated.push(rows);
+    }
+    if (request.batch) {
+        const padded = await tokenizer(request.documents, { padding: true });
+        result.batch_generated = [];
+        for (const search of request.searches) {
+            const out = await model.generate({ ...padded, ...search, num_beams: 1, do_sample: false });
+            result.batch_generated.push(out.tolist().map((row) => row.map(Number)));
+        }
     }
 } else {
     const model = await AutoModelForSequenceClassification.from_pretrained(name, options);

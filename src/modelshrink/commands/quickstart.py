@@ -8,20 +8,15 @@ from typing import Annotated
 import typer
 
 from modelshrink.commands._common import DocsProgress, emit, handle_errors, log, print_comparison
+from modelshrink.commands._from_options import OVERWRITE, QUIET, from_options, param
+from modelshrink.options.quickstart import QuickstartOptions
+
+OUTPUT = param("output", Annotated[Path, typer.Option("--output", "-o", help="Folder for the chain's artifacts.")],
+               Path("modelshrink-quickstart"))
 
 
-def quickstart(
-    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the chain's artifacts.")] = Path(
-        "modelshrink-quickstart"),
-    teacher_steps: Annotated[int, typer.Option(help="Fine-tuning steps of the teacher.", min=1)] = 300,
-    student_steps: Annotated[int, typer.Option(help="Training steps of each student.", min=1)] = 60,
-    quantize_steps: Annotated[int, typer.Option(help="Distillation-aware quantization steps (8-8-8, 2-2-8).",
-                                                min=1)] = 30,
-    pseudolabel_docs: Annotated[int, typer.Option(help="Training documents the teacher labels.", min=1)] = 400,
-    eval_docs: Annotated[int, typer.Option(help="Validation documents scored.", min=1)] = 100,
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing output folder.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or lines.")] = False,
-) -> None:
+@from_options(QuickstartOptions, extra=[OUTPUT, OVERWRITE, QUIET])
+def quickstart(options: QuickstartOptions, output: Path, overwrite: bool, quiet: bool) -> None:
     """Run the whole chain on the bundled Debian sample with the packaged MiniLM, offline (~15 min on 2 cores).
 
     Fine-tune a bert2bert teacher warm-started from MiniLM-L6; pseudo-label training documents at
@@ -32,12 +27,10 @@ def quickstart(
 
     Example: modelshrink quickstart -o runs/quickstart --overwrite
     """
-    from modelshrink.quickstart import QuickstartBudget, run_quickstart
+    from modelshrink.quickstart import run_quickstart
 
-    budget = QuickstartBudget(teacher_steps=teacher_steps, student_steps=student_steps, quantize_steps=quantize_steps,
-                              pseudolabel_docs=pseudolabel_docs, eval_docs=eval_docs)
     with handle_errors(output), DocsProgress(quiet) as bars:
-        summary = run_quickstart(output, budget=budget, overwrite=overwrite, progress=bars.task,
+        summary = run_quickstart(options, output, overwrite=overwrite, progress=bars.task,
                                  train_progress=bars.train_task, log=log)
     print_comparison(summary["comparison"])
     emit(Path(output))
