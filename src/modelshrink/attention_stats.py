@@ -5,8 +5,9 @@ over the document's real tokens and cut into five equal bins; for each document 
 of its evident weights (over all layers, heads and generated tokens) in each bin, then average over
 documents. Two corpus shares are reported, since they differ by orders of magnitude: evident weights by
 count (of all weights: at most 6 of a row's weights can pass 0.15, so on long documents this is tiny)
-and by attention mass (the part of each row's sum of 1 that evident weights carry). The weights are those of a teacher-forced pass over the generated sequence, which are
-the weights generation itself used at each step (eager attention, so they can be returned).
+and by attention mass (the part of each row's sum of 1 that evident weights carry). The weights are
+those of a teacher-forced pass over the generated sequence, which are the weights generation itself
+used at each step (eager attention, so they can be returned).
 """
 
 from __future__ import annotations

@@ -110,6 +110,7 @@ def recipe_defaults(command: Any, step: str, section: dict[str, Any], source: st
         for decl in getattr(p, "opts", []) + getattr(p, "secondary_opts", []):
             names[decl.lstrip("-").replace("-", "_")] = p.name
     fields = {}
+    hints = typing.get_type_hints(cls) if cls is not None else {}
     if cls is not None:
         for f in dataclasses.fields(cls):
             fields[key_of(f)] = fields[f.name] = f
@@ -126,8 +127,8 @@ def recipe_defaults(command: Any, step: str, section: dict[str, Any], source: st
         if name is None:
             raise fail(f"config {source}: [{step}] has no option '{key}'")
         if f is not None:
-            _check_type(value, typing.get_type_hints(cls)[f.name], f"config {source}: [{step}] {key} = {value!r}")
-        if isinstance(value, list) and f is not None and is_list(f, typing.get_type_hints(cls)):
+            _check_type(value, hints[f.name], f"config {source}: [{step}] {key} = {value!r}")
+        if isinstance(value, list) and f is not None and is_list(f, hints):
             value = ",".join(map(str, value))
         values[name] = value
     if positional:
