@@ -144,6 +144,9 @@ DQ_PAIRS = [("888-6-6", "888-direct"), ("228-6-6", "228-direct"), ("228-6-3", "2
 # unclamped twin
 DQ_ROWS += [(f"{key}-clip", f"{name}, clamp ±2.5") for key, name in DQ_ROWS[1:]]
 DQ_PAIRS += [(f"{a}-clip", f"{b}-clip") for a, b in DQ_PAIRS] + [(f"{key}-clip", key) for key, _ in DQ_ROWS[1:6]]
+# a longer budget for a row that was still improving (SCALE=gpu STEPS=...); named by its recipe key + "-long"
+DQ_ROWS += [("228-6-6-long", "2-2-8 6-6, distillation-aware, longer")]
+DQ_PAIRS += [("228-6-6-long", "228-6-6")]
 
 
 def _loss_windows(log: Path, term: str = "loss", width: int = 50, count: int = 4) -> list[tuple[int, int, float]]:
@@ -199,11 +202,13 @@ def dqbart(runs: Path, figures: Path) -> None:
     trends = [(f"{name}, {what}", _loss_windows(folder / key / "train_log.jsonl", term)) for key, name in DQ_ROWS
               for term, what in (("loss", "total"), ("kd_hidden", "hidden-state term"))]
     trends = [(name, windows) for name, windows in trends if windows]
-    if trends:
+    groups: dict[tuple, list] = {}  # models trained for other step counts get a table of their own windows
+    for name, windows in trends:
+        groups.setdefault(tuple((a, b) for a, b, _ in windows), []).append((name, windows))
+    for spans, rows in groups.items():
         print("\nTraining loss (logged, mean over each window of 50 steps; still falling = not converged):"
-              "\n\n| model | " + " | ".join(f"steps {a}-{b}" for a, b, _ in trends[0][1]) + " |\n|---|"
-              + "---|" * len(trends[0][1]))
-        for name, windows in trends:
+              "\n\n| model | " + " | ".join(f"steps {a}-{b}" for a, b in spans) + " |\n|---|" + "---|" * len(spans))
+        for name, windows in rows:
             print(f"| {name} | " + " | ".join(f"{mean:.2f}" for _, _, mean in windows) + " |")
     try:
         from modelshrink.figures import quality_vs_footprint
