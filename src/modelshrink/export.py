@@ -283,6 +283,24 @@ def _write_companions(model: Any, tokenizer: Any, folder: Path, kind: str) -> No
     tokenizer.save_pretrained(folder)
     if not (folder / "tokenizer.json").is_file():
         raise UserError("the model's tokenizer has no fast (tokenizer.json) form, which the torch-free runtime needs")
+    _portable_tokenizer_class(folder / "tokenizer_config.json")
+
+
+# transformers 5 saves a fast tokenizer as its generic class, which transformers 4 (the environment of Optimum's
+# ORTModel clients) does not have: its AutoTokenizer stops with "Tokenizer class TokenizersBackend does not exist"
+GENERIC_TOKENIZER = {"TokenizersBackend": "PreTrainedTokenizerFast"}
+
+
+def _portable_tokenizer_class(path: Path) -> None:
+    """Name the generic fast tokenizer by the class both transformers 4 and 5 load from tokenizer.json
+    (PreTrainedTokenizerFast; transformers 5 maps it to the same backend), so that Optimum's users can run
+    AutoTokenizer on the folder."""
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if config.get("tokenizer_class") in GENERIC_TOKENIZER:
+        config["tokenizer_class"] = GENERIC_TOKENIZER[config["tokenizer_class"]]
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _model_card(folder: Path, options: ExportOptions, report: dict[str, Any]) -> None:

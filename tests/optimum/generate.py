@@ -8,8 +8,9 @@ request a line on stdin, one line "RESULT {json}" on stdout for each ({"error": 
 anything else on stdout is Optimum's own chatter).
 request: {"folder": ..., "input_ids": [ids of each document], "searches": [generate() options, ...]} gives
 {"generated": [[ids of each document] for each search]} (ORTModelForSeq2SeqLM), or with "classify": true,
-{"logits": [...]} (ORTModelForSequenceClassification). The documents come as token ids: the tokenizer files
-that transformers 5 writes name a class (TokenizersBackend) that transformers 4 does not have. With "export": OUT,
+{"logits": [...]} (ORTModelForSequenceClassification). With "texts" instead of "input_ids", the documents go
+through the folder's own tokenizer in this environment (transformers 4's AutoTokenizer), and the answer adds
+their "input_ids". With "export": OUT,
 it writes Optimum's own export of the PyTorch model in "folder" to OUT (main_export), for the reverse check.
 """
 
@@ -41,6 +42,11 @@ def answer(request: dict) -> dict:
             result["logits"].append(model(input_ids=tokens, attention_mask=torch.ones_like(tokens), **kwargs)
                                     .logits[0].tolist())
         return result
+    if request.get("texts"):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(request["folder"])
+        request["input_ids"] = result["input_ids"] = [tokenizer(text)["input_ids"] for text in request["texts"]]
     model = ORTModelForSeq2SeqLM.from_pretrained(request["folder"])
     result["generated"] = []
     for search in request["searches"]:
