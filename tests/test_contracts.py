@@ -296,3 +296,34 @@ def test_the_options_sit_under_the_modules_that_read_them():
     outside = {n for n in names.split() if not n.startswith(leaves)} - {"modelshrink", "modelshrink.quant"}
     assert {"modelshrink.metrics.stats"} >= {n for n in names.split() if n.startswith("modelshrink.metrics.")}
     assert not outside and torch_loaded.strip() == "False", (outside, torch_loaded)
+
+
+def _names_read(files: list[Path], own: bool) -> set[str]:
+    """Attribute names read in `files` (only `self.X` where `own`: an options class's own checks) and the
+    string constants there (fields read with getattr, `given`, or sets of names)."""
+    names: set[str] = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and (
+                    not own or (isinstance(node.value, ast.Name) and node.value.id == "self")):
+                names.add(node.attr)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+                names.add(node.value)
+    return names
+
+
+def _unread_options(library: set[str], checks: set[str]) -> dict[str, list[str]]:
+    return {step: sorted(f.name for f in dataclasses.fields(type(options))
+                         if f.name not in library and f.name not in checks)
+            for step, options in EXAMPLES.items()}
+
+
+def test_every_option_is_read_by_the_library_or_refused_by_its_own_checks():
+    """The static half of "no option silently does nothing": every field of every step's options (the shared
+    training and generation options included) is read by a library module, or by its options' own checks
+    (which refuse what a combination would ignore). An option declared and never read fails here."""
+    library = _names_read([p for p in SRC.rglob("*.py") if "options" not in p.parts], own=False)
+    checks = _names_read(list((SRC / "options").glob("*.py")), own=True)
+    assert _unread_options(library, checks) == {step: [] for step in EXAMPLES}
+    # and the walk can fail: a field nobody reads is found
+    assert _unread_options(library - {"lr"}, checks - {"lr"})["distill"] == ["lr"]
