@@ -239,7 +239,6 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
                 log: Callable[[str], None] = lambda m: None) -> Path:
     """Train the student (ACKD, or fine-tuning without a teacher) and write a classifier artifact."""
     from modelshrink import classify
-    from modelshrink.efficiency import parameter_count
     from modelshrink.models import resolve_device, save_model, source_length, task_of
 
     output = Path(output)
@@ -258,33 +257,14 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     resolved: dict[str, Any] = {"task": task, "layer_map": built["layer_ids"],
                                 "layers_from": None if built["layer_ids"] is None else
                                 ("student" if options.student else "teacher")}
-    if task == "classification" and len({r["label"] for r in rows}) < 2:
-        raise UserError(f"{options.data}: the label column has one class only ({rows[0]['label']}); "
-                        "classification needs at least two")
     if task != "classification" and options.metric in ("accuracy", "f1", "mcc"):
         options.metric = "pearson"
-    contrast = [r["label"] for r in rows]
     distilling = not options.finetune
-    if task == "regression" and distilling and options.acdl:
-        if options.label_bins is None:
-            raise UserError("regression labels have no classes for the contrastive term; give --label-bins N to "
-                            "bin them into N classes, or --no-acdl")
-        resolved["label_bin_edges"] = bin_edges(contrast, options.label_bins)
-        contrast = to_bins(contrast, resolved["label_bin_edges"])
-    elif options.label_bins is not None and task == "classification":
-        raise UserError("--label-bins is for regression labels; these are classes already")
+    contrast = _contrast_labels(options, rows, task, distilling, resolved)
 
-    pairs: list[tuple[int, int]] = []
-    if distilling and (options.pt or options.acdl):
-        if teacher.config.hidden_size != student.config.hidden_size:
-            raise UserError(f"the patient and contrastive losses compare hidden states, but the student's size "
-                            f"{student.config.hidden_size} differs from the teacher's {teacher.config.hidden_size}; "
-                            "pass --no-pt --no-acdl, or pick a student of the same width")
-        pairs = feature_layer_pairs(encoder_layer_count(teacher.config), encoder_layer_count(student.config),
-                                    options.feature_map, built["layer_ids"])
-        if not pairs:
-            raise UserError(f"--feature-map {options.feature_map} leaves the student's last layer to KD, and this "
-                            "student has one layer: use --feature-map copied, or --no-pt --no-acdl")
+    pairs = _feature_pairs(options, teacher, student, built["layer_ids"]) if distilling and (options.pt or options.acdl) \
+        else []
+    if pairs:
         resolved["feature_pairs"] = [list(p) for p in pairs]
     torch.manual_seed(options.seed)  # the SAR predictors' initialisation
     objective = ACKDObjective(student, pairs, alpha=options.alpha if distilling else 1.0, beta=options.beta,
@@ -318,16 +298,7 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
         resolved["feature_cosine"] = _check_features(teacher, examples, collate, pairs, options.feature_pooling,
                                                      accelerator.device, log)
     if teacher is not None and options.teacher_cache:
-        started = time.perf_counter()
-        for i, example in enumerate(examples):
-            example["index"] = i
-        logits, features = teacher_outputs(teacher, examples, collate, pairs, options.feature_pooling,
-                                           accelerator.device)
-        collate = with_cached_teacher(collate, logits, features)
-        size = (logits.numel() + features.numel()) * 4
-        log(f"teacher outputs cached for {len(examples):,} sentences ({size / 2**20:.1f} MiB) in "
-            f"{time.perf_counter() - started:.0f} s")
-        resolved["teacher_cache_bytes"] = size
+        collate = _cache_teacher(teacher, examples, collate, pairs, options, accelerator.device, log, resolved)
         teacher = None
 
     def save(objective: Any, folder: Path) -> None:
@@ -343,6 +314,16 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
         return output
     keep_best(staging, result, lambda folder: save(objective, folder))
 
+    return _commit(options, output, writer, staging, accelerator, objective, built, result, teacher_validation,
+                   resolved, parents)
+
+
+def _commit(options: ContrastiveOptions, output: Path, writer: Any, staging: Path, accelerator: Any, objective: Any,
+            built: dict[str, Any], result: Any, teacher_validation: dict[str, Any] | None, resolved: dict[str, Any],
+            parents: list[dict[str, Any]]) -> Path:
+    """The trained student's metrics, validation.json and model card; the artifact committed."""
+    from modelshrink.efficiency import parameter_count
+
     metrics: dict[str, Any] = {"parameters": parameter_count(objective.student), **training_metrics(result),
                                "loss_terms": options.terms()}
     if built["teacher"] is not None:
@@ -357,6 +338,55 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     resolved.update(run_facts(accelerator, options))
     return writer.commit(step="contrastive", kind="model", options=options.recorded(), parents=parents,
                          metrics=metrics, resolved=resolved)
+
+
+def _contrast_labels(options: ContrastiveOptions, rows: list[dict[str, Any]], task: str, distilling: bool,
+                     resolved: dict[str, Any]) -> list[Any]:
+    """The classes the contrastive term contrasts: the labels, or regression labels in --label-bins bins (their
+    edges recorded); one class, or bins asked of classes, refused in one line."""
+    if task == "classification" and len({r["label"] for r in rows}) < 2:
+        raise UserError(f"{options.data}: the label column has one class only ({rows[0]['label']}); "
+                        "classification needs at least two")
+    contrast = [r["label"] for r in rows]
+    if task == "regression" and distilling and options.acdl:
+        if options.label_bins is None:
+            raise UserError("regression labels have no classes for the contrastive term; give --label-bins N to "
+                            "bin them into N classes, or --no-acdl")
+        resolved["label_bin_edges"] = bin_edges(contrast, options.label_bins)
+        contrast = to_bins(contrast, resolved["label_bin_edges"])
+    elif options.label_bins is not None and task == "classification":
+        raise UserError("--label-bins is for regression labels; these are classes already")
+    return contrast
+
+
+def _feature_pairs(options: ContrastiveOptions, teacher: Any, student: Any,
+                   layer_ids: list[int] | None) -> list[tuple[int, int]]:
+    """(teacher layer, student layer) pairs whose features the patient and contrastive losses compare."""
+    if teacher.config.hidden_size != student.config.hidden_size:
+        raise UserError(f"the patient and contrastive losses compare hidden states, but the student's size "
+                        f"{student.config.hidden_size} differs from the teacher's {teacher.config.hidden_size}; "
+                        "pass --no-pt --no-acdl, or pick a student of the same width")
+    pairs = feature_layer_pairs(encoder_layer_count(teacher.config), encoder_layer_count(student.config),
+                                options.feature_map, layer_ids)
+    if not pairs:
+        raise UserError(f"--feature-map {options.feature_map} leaves the student's last layer to KD, and this "
+                        "student has one layer: use --feature-map copied, or --no-pt --no-acdl")
+    return pairs
+
+
+def _cache_teacher(teacher: Any, examples: list[dict[str, Any]], collate: Callable, pairs: list[tuple[int, int]],
+                   options: ContrastiveOptions, device: Any, log: Callable[[str], None],
+                   resolved: dict[str, Any]) -> Callable:
+    """The teacher's logits and features computed once; a collate that hands them out by example."""
+    started = time.perf_counter()
+    for i, example in enumerate(examples):
+        example["index"] = i
+    logits, features = teacher_outputs(teacher, examples, collate, pairs, options.feature_pooling, device)
+    size = (logits.numel() + features.numel()) * 4
+    log(f"teacher outputs cached for {len(examples):,} sentences ({size / 2**20:.1f} MiB) in "
+        f"{time.perf_counter() - started:.0f} s")
+    resolved["teacher_cache_bytes"] = size
+    return with_cached_teacher(collate, logits, features)
 
 
 def model_card(options: ContrastiveOptions, output: Path, built: dict[str, Any], metrics: dict[str, Any],

@@ -67,7 +67,6 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
     With a model an interrupted run keeps what it generated, and `resume` continues it."""
     from modelshrink import shards
     from modelshrink.efficiency import weight_bytes
-    from modelshrink.models import load_config, load_tokenizer, task_of
     from modelshrink.precision import check_precision
     from modelshrink.runs import finished, open_run
 
@@ -89,21 +88,7 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
     source = open_data(options.data, options.split)
     if not source.columns:
         raise UserError(f"data {options.data} has no rows")
-    if options.model is not None:
-        task = task_of(load_config(options.model, "model", options.trust_remote_code))
-        what = f"model {options.model}"
-    else:
-        task = file_task(source.columns, options)
-        what = f"predictions file {options.data}"
-    _check_task_options("summarization" if task == "summarization" else "classification", options, what)
-    if options.against is not None and not Path(options.against).exists():
-        raise UserError(f"--against {options.against} does not exist")
-    if options.reference_size is not None and not Path(options.reference_size).is_dir():
-        raise UserError(f"--reference-size {options.reference_size} is not a model folder")
-    parents = [parent_ref(role, spec) for role, spec in (("model", options.model), ("data", options.data),
-                                                         ("references", options.references),
-                                                         ("against", options.against),
-                                                         ("reference_size", options.reference_size)) if spec]
+    task, parents = _task_and_parents(options, source)
     if options.model is None:  # scoring a file on disk is one process's work
         if not launch.main:
             return output, {}
@@ -111,37 +96,12 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
     staging = open_run(launch, writer, options.recorded(), parents)
     try:
         resolved: dict[str, Any] = {"task": task}
-        efficiency: dict[str, Any] = {}
-        tokenizer = load_tokenizer(options.tokenizer, "tokenizer") if options.tokenizer else None
-        if task == "summarization":
-            if options.model is not None:
-                rows, efficiency, extra, tokenizer = generate_summaries(options, source, staging, launch, progress,
-                                                                        log)
-                if rows is None:
-                    return output, {}
-                resolved.update({k: v for k, v in extra.items() if k != "attention"})
-            else:
-                rows, extra = summaries_from_file(source, options, log), {}
-            if not rows:
-                raise UserError(f"data {options.data} has no rows")
-            metrics = score_summaries(rows, options, tokenizer, log)
-            if "attention" in extra:
-                metrics["attention"] = extra["attention"]
-            metrics["settings"] = {"rouge": rouge.ROUGE_SETTINGS, "style": STYLE_SETTINGS,
-                                   "bootstrap": {"resamples": options.resamples, "seed": options.seed,
-                                                 "confidence": 0.95}}
-            if "generation" in extra:
-                metrics["settings"]["generation"] = extra["generation"]
-        else:
-            if options.model is not None:
-                rows, efficiency, extra = predict_labels(options, task, staging, launch, progress)
-                if rows is None:
-                    return output, {}
-                resolved.update(extra)
-            else:
-                rows, task = labels_from_file(source, options)
-                resolved["task"] = task
-            metrics = score_labels(rows, task)
+        scored = _generate_and_score(options, task, source, staging, launch, progress, log)
+        if scored is None:  # not the main process: its share is written, the main process scores
+            return output, {}
+        rows, metrics, efficiency, extra = scored
+        resolved.update(extra)
+        task = resolved["task"]
         if efficiency:
             if options.reference_size is not None:
                 reference = weight_bytes(options.reference_size)
@@ -163,6 +123,66 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
             shutil.rmtree(staging, ignore_errors=True)
         raise
     return path, metrics
+
+
+def _task_and_parents(options: EvalOptions, source: Any) -> tuple[str, list[dict[str, Any]]]:
+    """The task (the model's, or what the predictions file's columns hold) with options of the other task and
+    missing inputs refused in one line; the artifact's parents."""
+    from modelshrink.models import load_config, task_of
+
+    if options.model is not None:
+        task = task_of(load_config(options.model, "model", options.trust_remote_code))
+        what = f"model {options.model}"
+    else:
+        task = file_task(source.columns, options)
+        what = f"predictions file {options.data}"
+    _check_task_options("summarization" if task == "summarization" else "classification", options, what)
+    if options.against is not None and not Path(options.against).exists():
+        raise UserError(f"--against {options.against} does not exist")
+    if options.reference_size is not None and not Path(options.reference_size).is_dir():
+        raise UserError(f"--reference-size {options.reference_size} is not a model folder")
+    parents = [parent_ref(role, spec) for role, spec in (("model", options.model), ("data", options.data),
+                                                         ("references", options.references),
+                                                         ("against", options.against),
+                                                         ("reference_size", options.reference_size)) if spec]
+    return task, parents
+
+
+def _generate_and_score(options: EvalOptions, task: str, source: Any, staging: Path, launch: Any,
+                        progress: ProgressFn | None, log: LogFn) -> tuple[list, dict, dict, dict] | None:
+    """(rows, metrics, efficiency, resolved entries) of a model's outputs or a file's predictions on `source`;
+    None on a process other than the main one (it wrote its share for the main one to score)."""
+    from modelshrink.models import load_tokenizer
+
+    efficiency: dict[str, Any] = {}
+    resolved: dict[str, Any] = {"task": task}
+    if task != "summarization":
+        if options.model is not None:
+            rows, efficiency, extra = predict_labels(options, task, staging, launch, progress)
+            if rows is None:
+                return None
+            resolved.update(extra)
+        else:
+            rows, resolved["task"] = labels_from_file(source, options)
+        return rows, score_labels(rows, resolved["task"]), efficiency, resolved
+    tokenizer = load_tokenizer(options.tokenizer, "tokenizer") if options.tokenizer else None
+    if options.model is not None:
+        rows, efficiency, extra, tokenizer = generate_summaries(options, source, staging, launch, progress, log)
+        if rows is None:
+            return None
+        resolved.update({k: v for k, v in extra.items() if k != "attention"})
+    else:
+        rows, extra = summaries_from_file(source, options, log), {}
+    if not rows:
+        raise UserError(f"data {options.data} has no rows")
+    metrics = score_summaries(rows, options, tokenizer, log)
+    if "attention" in extra:
+        metrics["attention"] = extra["attention"]
+    metrics["settings"] = {"rouge": rouge.ROUGE_SETTINGS, "style": STYLE_SETTINGS,
+                           "bootstrap": {"resamples": options.resamples, "seed": options.seed, "confidence": 0.95}}
+    if "generation" in extra:
+        metrics["settings"]["generation"] = extra["generation"]
+    return rows, metrics, efficiency, resolved
 
 
 def _headline(metrics: dict[str, Any]) -> dict[str, Any]:
