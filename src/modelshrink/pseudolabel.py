@@ -51,20 +51,7 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     source = open_data(options.data, options.split)
     if not source.columns:
         raise UserError(f"data {options.data} has no rows")
-    text_column, summary_column = pick_columns(source.columns, options.text_column, options.summary_column,
-                                               source=str(options.data))
-    if options.id_column is not None and options.id_column not in source.columns:
-        raise UserError(f"{options.data} has no column '{options.id_column}'; columns found: "
-                        f"{', '.join(source.columns)}")
-    # One pass over the data counts it and checks every line and text before the teacher loads.
-    total, plot_found = 0, False
-    for example in examples(source, text_column, summary_column, options.id_column, options.limit):
-        total += 1
-        plot_found = plot_found or example.id == options.attention_plot
-    if total == 0:
-        raise UserError(f"data {options.data} has no rows")
-    if options.attention_plot is not None and not plot_found:
-        raise UserError(f"--attention-plot: no document with id '{options.attention_plot}' in {options.data}")
+    text_column, summary_column, total = _columns_and_count(options, source)
 
     device = launch.device
     teacher = Summarizer(options, options.teacher, "teacher", device)
@@ -100,16 +87,7 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     if not launch.main:
         return output
 
-    words, empty, attention_rows = 0, 0, []
-    with open(staging / "data.jsonl", "w", encoding="utf-8") as out:
-        for row in shards.merged_rows(staging, launch.world, total):
-            if "_attention" in row:
-                attention_rows.append({"_attention": row.pop("_attention")})
-            words += len(row["summary"].split())
-            empty += not row["summary"]
-            out.write(json.dumps(row, ensure_ascii=False) + "\n")
-    shutil.rmtree(staging / shards.PARTS)
-    (staging / RUN_FILE).unlink()
+    words, empty, attention_rows = _merge_parts(staging, launch, total)
     if empty:
         log(f"warning: the teacher wrote {empty} empty summaries (of {total})")
     generated = counts["generated"]
@@ -129,3 +107,38 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
         resolved["attention_plot"] = teacher.recorder.plot_name
     return writer.commit(step="pseudolabel", kind="dataset", options=recorded, parents=parents, metrics=metrics,
                          resolved=resolved)
+
+
+def _columns_and_count(options: PseudolabelOptions, source: Any) -> tuple[str, str | None, int]:
+    """(text column, summary column, rows): one pass over the data checks every line and text, the id
+    column and the --attention-plot document, before the teacher loads."""
+    text_column, summary_column = pick_columns(source.columns, options.text_column, options.summary_column,
+                                               source=str(options.data))
+    if options.id_column is not None and options.id_column not in source.columns:
+        raise UserError(f"{options.data} has no column '{options.id_column}'; columns found: "
+                        f"{', '.join(source.columns)}")
+    total, plot_found = 0, False
+    for example in examples(source, text_column, summary_column, options.id_column, options.limit):
+        total += 1
+        plot_found = plot_found or example.id == options.attention_plot
+    if total == 0:
+        raise UserError(f"data {options.data} has no rows")
+    if options.attention_plot is not None and not plot_found:
+        raise UserError(f"--attention-plot: no document with id '{options.attention_plot}' in {options.data}")
+    return text_column, summary_column, total
+
+
+def _merge_parts(staging: Path, launch: Any, total: int) -> tuple[int, int, list[dict[str, Any]]]:
+    """The processes' part files merged into data.jsonl in input order (then deleted); returns (summary
+    words, empty summaries, the rows' attention records)."""
+    words, empty, attention_rows = 0, 0, []
+    with open(staging / "data.jsonl", "w", encoding="utf-8") as out:
+        for row in shards.merged_rows(staging, launch.world, total):
+            if "_attention" in row:
+                attention_rows.append({"_attention": row.pop("_attention")})
+            words += len(row["summary"].split())
+            empty += not row["summary"]
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    shutil.rmtree(staging / shards.PARTS)
+    (staging / RUN_FILE).unlink()
+    return words, empty, attention_rows
