@@ -30,7 +30,7 @@ from modelshrink.errors import UserError
 from modelshrink.runtime.columns import ID_COLUMNS, pick_columns, text_problem
 from modelshrink.runtime.jsonl import numbered_jsonl, text_lines
 
-__all__ = ["DataSource", "Example", "examples", "open_data", "pick_columns", "unique_keys"]
+__all__ = ["DataSource", "Example", "examples", "language_pairs", "open_data", "pick_columns", "unique_keys"]
 
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".ndjson")
 _CSV_SUFFIXES = (".csv", ".tsv", ".csv.gz", ".tsv.gz")
@@ -171,6 +171,56 @@ def _split_files(folder: Path) -> dict[str, Path]:
         if child.is_file() and suffix and len(name) > len(suffix):
             found.setdefault(child.name[:-len(suffix)], child)
     return found
+
+
+TRANSLATION = "translation"  # the nested column of translation rows: {"translation": {"en": ..., "de": ...}}
+
+
+@dataclass
+class LanguagePairs(DataSource):
+    """Rows of the form {"translation": {LANG: text, ...}, ...} read as `source` and `target` columns (the
+    languages chosen), beside the rows' other columns."""
+
+    inner: DataSource | None = None
+    source_lang: str = ""
+    target_lang: str = ""
+
+    @property
+    def columns(self) -> list[str]:
+        return [c for c in self.inner.columns if c != TRANSLATION] + ["source", "target"]
+
+    def _numbered_rows(self) -> Iterator[tuple[int | None, dict[str, Any]]]:
+        for number, row in self.inner.numbered_rows():
+            pair = row.get(TRANSLATION)
+            where = f"{self.name}: {'line ' + str(number) if number else 'a row'}"
+            if not isinstance(pair, dict):
+                raise UserError(f"{where} has no '{TRANSLATION}' object of languages")
+            for lang in (self.source_lang, self.target_lang):
+                if lang not in pair:
+                    raise UserError(f"{where} has no '{lang}' in its translation (languages there: "
+                                    f"{', '.join(map(str, pair)) or 'none'})")
+            rest = {k: v for k, v in row.items() if k != TRANSLATION}
+            yield number, {**rest, "source": pair[self.source_lang], "target": pair[self.target_lang]}
+
+
+def language_pairs(source: DataSource, source_lang: str | None, target_lang: str | None) -> DataSource:
+    """`source` itself, or its nested translation rows read as source/target columns: with --source-lang and
+    --target-lang, or refused in one line when the rows are nested and the languages are not given."""
+    nested = TRANSLATION in source.columns
+    if source_lang is None and target_lang is None:
+        if nested:
+            first = next(source.rows()).get(TRANSLATION)
+            langs = ", ".join(map(str, first)) if isinstance(first, dict) else "?"
+            raise UserError(f"{source.name} holds translation rows ({langs}): choose the pair with --source-lang "
+                            "and --target-lang")
+        return source
+    if source_lang is None or target_lang is None:
+        raise UserError("--source-lang and --target-lang go together")
+    if not nested:
+        raise UserError(f"--source-lang/--target-lang read rows of the form {{\"translation\": {{LANG: text}}}}, "
+                        f"and {source.name} has none; columns found: {', '.join(source.columns)}")
+    return LanguagePairs(source.spec, source.format, source.path, source.split, inner=source,
+                         source_lang=source_lang, target_lang=target_lang)
 
 
 def open_data(spec: str | os.PathLike, split: str | None = None) -> DataSource:

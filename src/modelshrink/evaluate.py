@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from modelshrink.artifacts import RUN_FILE, ArtifactWriter, parent_ref, read_manifest
-from modelshrink.data import open_data
+from modelshrink.data import language_pairs, open_data
 from modelshrink.errors import UserError
 from modelshrink.inference import generate_summaries, predict_labels
 from modelshrink.metrics import rouge
 from modelshrink.options.eval import EvalOptions
-from modelshrink.predictions import file_task, labels_from_file, summaries_from_file
-from modelshrink.scoring import STYLE_SETTINGS, against, score_labels, score_summaries
+from modelshrink.predictions import file_task, labels_from_file, summaries_from_file, text_task
+from modelshrink.scoring import STYLE_SETTINGS, against, score_labels, score_summaries, score_translations
 
-__all__ = ["EvalOptions", "evaluate", "score_labels", "score_summaries"]
+__all__ = ["EvalOptions", "evaluate", "score_labels", "score_summaries", "score_translations"]
 
 ProgressFn = Callable[[int, int], None]
 LogFn = Callable[[str], None]
@@ -37,11 +37,17 @@ SUMMARIZATION_OPTIONS = {"limited_length_recall": False, "attention_stats": Fals
                          "reference_column": None, "references": None, "lam": None, "lambda_enc": None,
                          "lambda_dec": None, "lambda_cross": None, "lambda_range": None}
 CLASSIFICATION_OPTIONS = {"label_column": None, "text_pair_column": None}
+TEXT_TASKS = ("summarization", "translation")  # generated text, scored against references
+SUMMARY_ONLY = {"limited_length_recall": False}
 
 
 def _check_task_options(task: str, options: EvalOptions, what: str) -> None:
     """A classifier given summarization options, or the reverse, is a mistake worth one line."""
-    wrong = SUMMARIZATION_OPTIONS if task != "summarization" else CLASSIFICATION_OPTIONS
+    if task not in TEXT_TASKS and options.task != "auto":
+        raise UserError(f"--task {options.task} scores generated text, but {what} is a {task} task")
+    wrong = SUMMARIZATION_OPTIONS if task not in TEXT_TASKS else CLASSIFICATION_OPTIONS
+    if task == "translation":
+        wrong = {**wrong, **SUMMARY_ONLY}
     for name, default in wrong.items():
         if getattr(options, name) != default:
             kind = "summarization" if task != "summarization" else "classification"
@@ -85,7 +91,7 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
         raise UserError("--resume continues generating with a model; scoring a predictions file starts over")
     if resume and writer.staging.is_dir():
         shards.check_parts(writer.staging, launch.world)
-    source = open_data(options.data, options.split)
+    source = language_pairs(open_data(options.data, options.split), options.source_lang, options.target_lang)
     if not source.columns:
         raise UserError(f"data {options.data} has no rows")
     task, parents = _task_and_parents(options, source)
@@ -110,7 +116,7 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
                     if efficiency["bytes_on_disk"] else None
             metrics["efficiency"] = efficiency
         if options.against is not None:
-            metrics["against"] = against(rows, "summarization" if task == "summarization" else task, options)
+            metrics["against"] = against(rows, task, options)
         with open(staging / "predictions.jsonl", "w", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -132,11 +138,12 @@ def _task_and_parents(options: EvalOptions, source: Any) -> tuple[str, list[dict
 
     if options.model is not None:
         task = task_of(load_config(options.model, "model", options.trust_remote_code))
+        task = text_task(source.columns, options) if task == "summarization" else task
         what = f"model {options.model}"
     else:
         task = file_task(source.columns, options)
         what = f"predictions file {options.data}"
-    _check_task_options("summarization" if task == "summarization" else "classification", options, what)
+    _check_task_options(task, options, what)
     if options.against is not None and not Path(options.against).exists():
         raise UserError(f"--against {options.against} does not exist")
     if options.reference_size is not None and not Path(options.reference_size).is_dir():
@@ -156,7 +163,7 @@ def _generate_and_score(options: EvalOptions, task: str, source: Any, staging: P
 
     efficiency: dict[str, Any] = {}
     resolved: dict[str, Any] = {"task": task}
-    if task != "summarization":
+    if task not in TEXT_TASKS:
         if options.model is not None:
             rows, efficiency, extra = predict_labels(options, task, staging, launch, progress)
             if rows is None:
@@ -175,18 +182,26 @@ def _generate_and_score(options: EvalOptions, task: str, source: Any, staging: P
         rows, extra = summaries_from_file(source, options, log), {}
     if not rows:
         raise UserError(f"data {options.data} has no rows")
+    bootstrap = {"resamples": options.resamples, "seed": options.seed, "confidence": 0.95}
+    if task == "translation":
+        metrics = score_translations(rows, options, log)
+        metrics["settings"] = {"sacrebleu": metrics.pop("signatures"), "bootstrap": bootstrap}
+        if "attention" in extra:
+            metrics["attention"] = extra["attention"]
+        if "generation" in extra:
+            metrics["settings"]["generation"] = extra["generation"]
+        return rows, metrics, efficiency, resolved
     metrics = score_summaries(rows, options, tokenizer, log)
     if "attention" in extra:
         metrics["attention"] = extra["attention"]
-    metrics["settings"] = {"rouge": rouge.ROUGE_SETTINGS, "style": STYLE_SETTINGS,
-                           "bootstrap": {"resamples": options.resamples, "seed": options.seed, "confidence": 0.95}}
+    metrics["settings"] = {"rouge": rouge.ROUGE_SETTINGS, "style": STYLE_SETTINGS, "bootstrap": bootstrap}
     if "generation" in extra:
         metrics["settings"]["generation"] = extra["generation"]
     return rows, metrics, efficiency, resolved
 
 
 def _headline(metrics: dict[str, Any]) -> dict[str, Any]:
-    keys = ("task", "documents", *rouge.ROUGE_KEYS, "accuracy", "f1", "mcc", "pearson", "spearman", "length_words")
+    keys = ("task", "documents", *rouge.ROUGE_KEYS, "bleu", "chrf", "accuracy", "f1", "mcc", "pearson", "spearman", "length_words")
     head = {k: metrics[k] for k in keys if k in metrics}
     for k in ("parameters", "bytes_on_disk", "compression_ratio", "latency_ms_p50"):
         if k in metrics.get("efficiency", {}):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from modelshrink.data import DataSource, examples, open_data, pick_columns, unique_keys
+from modelshrink.runtime.columns import detect_text_column
 from modelshrink.errors import UserError
 from modelshrink.options.eval import EvalOptions
 
@@ -61,10 +62,21 @@ def row_id(row: dict[str, Any], index: int, id_column: str | None) -> str:
     return str(index) if value is None else str(value)
 
 
+def text_task(columns: list[str], options: EvalOptions) -> str:
+    """What generated text is scored as: --task, or for `auto` translation when the text read is a `source`
+    column (source/target pairs, nested translation rows), else summarization."""
+    if options.task != "auto":
+        return options.task
+    text = options.text_column or detect_text_column(columns, summary_given=options.summary_column is not None)
+    return "translation" if text == "source" else "summarization"
+
+
 def file_task(columns: list[str], options: EvalOptions) -> str:
-    """`labels` for class ids or regression values against labels, else `summarization`."""
+    """`labels` for class ids or regression values against labels, else what `text_task` says."""
     label = options.label_column or "label"
-    return "labels" if label in columns and (options.label_column or "prediction" in columns) else "summarization"
+    if label in columns and (options.label_column or "prediction" in columns):
+        return "labels"
+    return text_task(columns, options)
 
 
 def summaries_from_file(source: DataSource, options: EvalOptions, log: LogFn) -> list[dict[str, Any]]:

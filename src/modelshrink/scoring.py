@@ -1,5 +1,6 @@
-"""Scoring for `eval`: summaries (ROUGE with bootstrap intervals, style and bias), labels (GLUE's
-metrics), and the paired significance test of one system against another on the same documents.
+"""Scoring for `eval`: summaries (ROUGE with bootstrap intervals, style and bias), translations (sacreBLEU's
+BLEU and chrF with corpus-level intervals), labels (GLUE's metrics), and the paired significance test of one
+system against another on the same documents.
 
 Each scorer also adds per-document `scores` to the rows, which predictions.jsonl keeps so that a
 later `--against` or `--compare` can pair them.
@@ -15,7 +16,7 @@ import numpy as np
 from modelshrink.artifacts import read_manifest
 from modelshrink.data import unique_keys
 from modelshrink.errors import UserError
-from modelshrink.metrics import glue, rouge, stats, style
+from modelshrink.metrics import glue, rouge, stats, style, translation
 from modelshrink.options.eval import EvalOptions
 from modelshrink.predictions import eval_rows, paired_predictions
 
@@ -74,6 +75,39 @@ def score_summaries(rows: list[dict[str, Any]], options: EvalOptions, tokenizer:
     return metrics
 
 
+def score_translations(rows: list[dict[str, Any]], options: EvalOptions, log: LogFn = lambda m: None) -> dict[str, Any]:
+    """Corpus BLEU and chrF with bootstrap intervals (sentences resampled, corpus score recomputed); adds each
+    sentence's own BLEU (effective order) and chrF, and the statistics a later paired test sums, to its row."""
+    predictions = [r["prediction"] for r in rows]
+    statistics = translation.sentence_statistics(predictions, [r["reference"] for r in rows])
+    _sentence_scores(rows, statistics)
+    metrics: dict[str, Any] = {"task": "translation", "documents": len(rows)}
+    metrics.update({k: round(v, 4) for k, v in translation.corpus_scores(statistics).items()})
+    ci = translation.bootstrap_ci(statistics, options.resamples, options.seed)
+    metrics["ci95"] = {k: [round(low, 4), round(high, 4)] for k, (low, high) in ci.items()}
+    empty = sum(1 for p in predictions if not p.strip())
+    metrics["empty_predictions"] = empty
+    if empty:
+        log(f"warning: {empty} empty translations (scored 0)")
+    bleu = statistics["bleu"].sum(axis=0)
+    # sacreBLEU's BLEU statistics open with the hypothesis and reference lengths (13a tokens)
+    metrics["length_ratio"] = round(float(bleu[0] / bleu[1]), 4) if bleu[1] else None
+    metrics["length_words"] = round(style.length_words(predictions), 3)
+    metrics["signatures"] = translation.signatures()
+    return metrics
+
+
+def _sentence_scores(rows: list[dict[str, Any]], statistics: dict[str, np.ndarray]) -> None:
+    from sacrebleu.metrics import BLEU, CHRF
+
+    scorers = {"bleu": BLEU(effective_order=True), "chrf": CHRF()}  # sacreBLEU's sentence_score settings
+    for i, row in enumerate(rows):
+        counts = {name: [int(x) for x in stats[i]] for name, stats in statistics.items()}
+        row["scores"] = {name: round(float(scorers[name]._compute_score_from_stats(c).score), 4)
+                         for name, c in counts.items()}
+        row["statistics"] = counts
+
+
 def score_labels(rows: list[dict[str, Any]], task: str) -> dict[str, Any]:
     predictions = [r["prediction"] for r in rows]
     labels = [r["label"] for r in rows]
@@ -95,6 +129,21 @@ def score_labels(rows: list[dict[str, Any]], task: str) -> dict[str, Any]:
 def paired_keys(task: str, row: dict[str, Any]) -> list[str]:
     """The per-document scores two systems are compared on: ROUGE for summaries, else the row's own."""
     return list(rouge.ROUGE_KEYS) if task == "summarization" else list(row["scores"])
+
+
+def paired_corpus_tests(rows: list[dict[str, Any]], other: list[dict[str, Any]], method: str, resamples: int,
+                        seed: int) -> dict[str, dict[str, Any]]:
+    """Per corpus metric (BLEU, chrF): p of the paired test on the sentences' statistics, the difference of the
+    corpus scores and `other`'s corpus score."""
+    result: dict[str, dict[str, Any]] = {"p": {}, "delta": {}, "other_scores": {}}
+    for key in translation.METRICS:
+        a = np.array([r["statistics"][key] for r in rows], dtype=np.int64)
+        b = np.array([r["statistics"][key] for r in other], dtype=np.int64)
+        mine, theirs = (translation.corpus_scores({key: x})[key] for x in (a, b))
+        result["p"][key] = round(translation.paired_test(a, b, key, method, resamples, seed), 6)
+        result["delta"][key] = round(mine - theirs, 4)
+        result["other_scores"][key] = round(theirs, 4)
+    return result
 
 
 def paired_tests(rows: list[dict[str, Any]], other: list[dict[str, Any]], keys: list[str], method: str,
@@ -129,7 +178,10 @@ def against(rows: list[dict[str, Any]], task: str, options: EvalOptions) -> dict
         other = paired_predictions(options.against, rows, options)
         scored = [other[i] for i in ids if i in other]
         if len(scored) == len(ids):
-            if task == "summarization":
+            if task == "translation":
+                _sentence_scores(scored, translation.sentence_statistics(
+                    [str(r["prediction"] or "") for r in scored], [r["reference"] for r in scored]))
+            elif task == "summarization":
                 per_doc = rouge.rouge_per_document([str(r["prediction"] or "") for r in scored],
                                                    [r["reference"] for r in scored])
                 for r, scores in zip(scored, document_scores(per_doc)):
@@ -140,9 +192,16 @@ def against(rows: list[dict[str, Any]], task: str, options: EvalOptions) -> dict
         missing = [i for i in ids if i not in other][:3]
         raise UserError(f"--against {options.against} has {len(other)} documents, this run {len(rows)}; the ids "
                         f"must be the same" + (f" (missing there: {', '.join(missing)})" if missing else ""))
+    paired = [other[i] for i in ids]
+    if task == "translation":
+        if any("statistics" not in r for r in paired):
+            raise UserError(f"--against {options.against} holds no translation scores (an evaluation of another "
+                            "task?): compare translations with translations")
+        tests = paired_corpus_tests(rows, paired, options.significance, options.significance_resamples, options.seed)
+    else:
+        tests = paired_tests(rows, paired, paired_keys(task, rows[0]), options.significance,
+                             options.significance_resamples, options.seed)
     result: dict[str, Any] = {"other": str(other_path), "method": options.significance,
-                              "resamples": options.significance_resamples, "seed": options.seed,
-                              **paired_tests(rows, [other[i] for i in ids], paired_keys(task, rows[0]),
-                                             options.significance, options.significance_resamples, options.seed)}
+                              "resamples": options.significance_resamples, "seed": options.seed, **tests}
     result["significant_at_0.05"] = {k: p < 0.05 for k, p in result["p"].items()}
     return result

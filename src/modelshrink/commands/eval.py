@@ -23,6 +23,11 @@ Score predictions already on disk (a pseudolabel artifact: `summary` against `re
 
     modelshrink eval runs/pl-lambda2 -o runs/eval-pl2 --json
 
+A translator on source/target pairs (BLEU and chrF by sacreBLEU; nested {"translation": {"en": ..., "de": ...}}
+rows with --source-lang en --target-lang de):
+
+    modelshrink eval runs/marian-student en-de.validation.jsonl.gz -o runs/eval-ende
+
 Is the student significantly better than the baseline on the same documents?
 
     modelshrink eval runs/student valid.jsonl -o runs/eval-s2 --against runs/eval-baseline
@@ -42,7 +47,8 @@ def _print_table(metrics: dict[str, Any]) -> None:
     table.add_column("value", justify="right")
     table.add_column("95% CI / note")
     against = metrics.get("against", {})
-    for key in ("rouge1", "rouge2", "rougeL", "rougeLsum", "accuracy", "f1", "mcc", "pearson", "spearman"):
+    for key in ("rouge1", "rouge2", "rougeL", "rougeLsum", "bleu", "chrf", "accuracy", "f1", "mcc", "pearson",
+                "spearman"):
         if key in metrics:
             note = ""
             if key in metrics.get("ci95", {}):
@@ -62,6 +68,8 @@ def _print_table(metrics: dict[str, Any]) -> None:
                       f"references: {ref['length_words']:.2f}" if ref else "")
     if "length_tokens" in metrics:
         table.add_row("length (tokens)", f"{metrics['length_tokens']:.2f}", "")
+    if metrics.get("length_ratio") is not None:
+        table.add_row("length ratio (BLEU's)", f"{metrics['length_ratio']:.3f}", "output / reference tokens")
     for n, value in metrics.get("novel_ngrams", {}).items():
         table.add_row(f"novel {n}-grams %", f"{value:.2f}",
                       f"references: {metrics['reference_style']['novel_ngrams'][n]:.2f}")
@@ -98,7 +106,8 @@ COMPARE_DATA = param("compare_data", Annotated[Optional[str], typer.Option(
               construct=False)
 def eval_command(values: dict[str, Any], inputs: list[str], output: Path, json_out: bool, compare: bool,
                  compare_data: Optional[str], resume: bool, overwrite: bool, quiet: bool) -> None:
-    """Score summaries (ROUGE with 95% intervals, style, bias) or classifiers (GLUE metrics), with
+    """Score summaries (ROUGE with 95% intervals, style, bias), translations (sacreBLEU's BLEU and chrF with
+    95% intervals) or classifiers (GLUE metrics), with
     size and speed for models, significance against another system, and side-by-side comparisons.
 
     Writes an eval artifact: metrics.json, predictions.jsonl (with per-document scores) and

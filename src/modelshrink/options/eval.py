@@ -11,6 +11,7 @@ from modelshrink.options.generation import GEN, TemperatureOptions
 from modelshrink.options.train import SPLITS
 
 SCORE = "Scoring"
+TASKS = ("auto", "summarization", "translation")  # of generated text
 COLS = "Columns"
 
 
@@ -27,6 +28,10 @@ class EvalOptions(TemperatureOptions):
                                     "or a predictions file.", panel=SCORE)
     significance: str = opt("permutation", "permutation (approximate randomization) or bootstrap (paired).",
                             panel=SCORE, choices=SIGNIFICANCE_METHODS)
+    task: str = opt("auto", "What generated text is scored as: summarization (ROUGE, style) or translation (sacreBLEU's "
+                            "BLEU and chrF); auto: translation when the rows are source/target pairs, else "
+                            "summarization. Classifiers are found from the model or the labels.", panel=SCORE,
+                    choices=TASKS)
     limited_length_recall: bool = opt(False, "Also ROUGE recall with predictions cut to the reference's length (NYT "
                                              "protocol, PLATE Table 2).", panel=SCORE)
     resamples: int = opt(1000, "Bootstrap resamples for the 95% intervals.", panel=SCORE, min=100)
@@ -47,6 +52,9 @@ class EvalOptions(TemperatureOptions):
                                              "highlights or target]", panel=COLS)
     references: str | None = opt(None, "PREDICTIONS: take gold summaries from this dataset, matched by id.",
                                  panel=COLS)
+    source_lang: str | None = opt(None, "Translation rows nested as {\"translation\": {LANG: text}}: the source "
+                                        "language's key (with --target-lang).", panel=COLS)
+    target_lang: str | None = opt(None, "Nested translation rows: the target language's key.", panel=COLS)
     label_column: str | None = opt(None, "Classifiers: the label column. [default: label]", panel=COLS)
     text_pair_column: str | None = opt(None, "Classifiers: second sentence of a pair.", panel=COLS)
     id_column: str | None = opt(None, "Row id column. [default: id, else the row number]", panel=COLS)

@@ -20,7 +20,8 @@ from .errors import UserError
 from .jsonl import json_type
 
 # (text, summary) column pairs recognised without --text-column / --summary-column, in order.
-COLUMN_PAIRS = (("document", "summary"), ("article", "highlights"), ("dialogue", "summary"), ("text", "summary"))
+COLUMN_PAIRS = (("document", "summary"), ("article", "highlights"), ("dialogue", "summary"), ("text", "summary"),
+                ("source", "target"))  # translation pairs
 TEXT_COLUMNS = ("document", "article", "dialogue", "text", "sentence", "sentence1", "question", "source")
 ID_COLUMNS = ("id", "guid", "idx")
 

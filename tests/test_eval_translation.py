@@ -1,0 +1,141 @@
+"""`eval` on translations: sacreBLEU's corpus BLEU and chrF with intervals and paired tests, source/target and
+nested translation rows, a translation model generating, and the one-line refusals."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import sacrebleu
+import torch
+
+from conftest import DOCUMENTS, SUMMARIES, bart_tokenizer, write_jsonl
+from modelshrink.artifacts import read_manifest
+from modelshrink.errors import UserError
+from modelshrink.evaluate import EvalOptions, evaluate
+from modelshrink.metrics import translation
+
+# English -> German-like pairs: the "references" are the summaries, so any text pairs will do for scoring
+SOURCES = DOCUMENTS[:8] * 5
+TARGETS = SUMMARIES[:8] * 5
+
+
+def _rows(predictions: list[str]) -> list[dict]:
+    return [{"id": f"s{i}", "source": s, "target": t, "prediction": p}
+            for i, (s, t, p) in enumerate(zip(SOURCES, TARGETS, predictions))]
+
+
+def _worse(text: str) -> str:
+    words = text.split()
+    return " ".join(words[::-1][: max(1, len(words) - 2)])
+
+
+def test_translations_get_sacrebleus_corpus_bleu_and_chrf_with_intervals(tmp_path):
+    predictions = [t if i % 3 else _worse(t) for i, t in enumerate(TARGETS)]
+    path, metrics = evaluate(EvalOptions(data=str(write_jsonl(tmp_path / "p.jsonl", _rows(predictions))),
+                                         resamples=200), tmp_path / "eval")
+    assert metrics["task"] == "translation" and metrics["documents"] == len(SOURCES)
+    assert metrics["bleu"] == pytest.approx(sacrebleu.corpus_bleu(predictions, [TARGETS]).score, abs=1e-4)
+    assert metrics["chrf"] == pytest.approx(sacrebleu.corpus_chrf(predictions, [TARGETS]).score, abs=1e-4)
+    for key in ("bleu", "chrf"):
+        low, high = metrics["ci95"][key]
+        assert low < metrics[key] < high  # a corpus score, resampled: neither end is the score itself
+    assert metrics["settings"]["sacrebleu"]["bleu"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp")
+    assert "nc:6" in metrics["settings"]["sacrebleu"]["chrf"]
+    assert read_manifest(path)["resolved"]["task"] == "translation"
+    assert read_manifest(path)["metrics"]["bleu"] == metrics["bleu"]
+    rows = [json.loads(line) for line in (path / "predictions.jsonl").read_text().splitlines()]
+    assert rows[1]["scores"]["bleu"] == pytest.approx(100.0)  # a perfect sentence
+    assert rows[0]["scores"]["chrf"] == pytest.approx(sacrebleu.sentence_chrf(predictions[0], [TARGETS[0]]).score,
+                                                      abs=1e-3)
+    assert len(rows[0]["statistics"]["bleu"]) == 10 and len(rows[0]["statistics"]["chrf"]) == 18
+
+
+def test_a_worse_translation_system_loses_significantly_and_a_system_ties_with_itself(tmp_path):
+    good = write_jsonl(tmp_path / "good.jsonl", _rows(TARGETS))
+    bad = write_jsonl(tmp_path / "bad.jsonl", _rows([_worse(t) for t in TARGETS]))
+    base, base_metrics = evaluate(EvalOptions(data=str(bad), resamples=100), tmp_path / "eval-bad")
+    _, metrics = evaluate(EvalOptions(data=str(good), against=str(base), resamples=100,
+                                      significance_resamples=500), tmp_path / "eval-good")
+    against = metrics["against"]
+    assert against["delta"]["bleu"] == pytest.approx(metrics["bleu"] - base_metrics["bleu"], abs=1e-3)
+    assert against["p"]["bleu"] < 0.01 and against["p"]["chrf"] < 0.01
+    # the same, against the predictions file rather than its evaluation; and a system against itself
+    _, again = evaluate(EvalOptions(data=str(good), against=str(bad), resamples=100, significance_resamples=500),
+                        tmp_path / "eval-good-2")
+    assert again["against"]["p"] == against["p"] and again["against"]["delta"] == against["delta"]
+    _, same = evaluate(EvalOptions(data=str(bad), against=str(base), resamples=100, significance="bootstrap",
+                                   significance_resamples=200), tmp_path / "eval-same")
+    assert same["against"]["p"] == {"bleu": 1.0, "chrf": 1.0}
+
+
+def test_the_corpus_paired_test_swaps_sentences():
+    stats = translation.sentence_statistics(["a b c d", "e f g h"] * 10, ["a b c d", "e f g x"] * 10)
+    worse = translation.sentence_statistics(["a b", "e"] * 10, ["a b c d", "e f g x"] * 10)
+    assert translation.paired_test(stats["bleu"], stats["bleu"], "bleu", resamples=100) == 1.0
+    assert translation.paired_test(stats["chrf"], worse["chrf"], "chrf", resamples=200) < 0.01
+    with pytest.raises(ValueError, match="same sentences"):
+        translation.paired_test(stats["bleu"], worse["bleu"][:3], "bleu")
+
+
+def test_nested_translation_rows_read_with_source_and_target_languages(tmp_path):
+    predictions = [_worse(t) for t in TARGETS]
+    flat = write_jsonl(tmp_path / "flat.jsonl", _rows(predictions))
+    nested = write_jsonl(tmp_path / "nested.jsonl", [
+        {"id": f"s{i}", "translation": {"en": s, "de": t, "fr": "x"}, "prediction": p}
+        for i, (s, t, p) in enumerate(zip(SOURCES, TARGETS, predictions))])
+    _, want = evaluate(EvalOptions(data=str(flat), resamples=100), tmp_path / "a")
+    _, got = evaluate(EvalOptions(data=str(nested), source_lang="en", target_lang="de", resamples=100),
+                      tmp_path / "b")
+    assert (got["bleu"], got["chrf"], got["ci95"]) == (want["bleu"], want["chrf"], want["ci95"])
+    with pytest.raises(UserError, match=r"holds translation rows \(en, de, fr\): choose the pair with --source-lang"):
+        evaluate(EvalOptions(data=str(nested)), tmp_path / "c")
+    with pytest.raises(UserError, match=r"line 1 has no 'ro' in its translation \(languages there: en, de, fr\)"):
+        evaluate(EvalOptions(data=str(nested), source_lang="en", target_lang="ro"), tmp_path / "d")
+    with pytest.raises(UserError, match="--source-lang and --target-lang go together"):
+        evaluate(EvalOptions(data=str(nested), source_lang="en"), tmp_path / "e")
+    with pytest.raises(UserError, match="has none; columns found: id, source, target, prediction"):
+        evaluate(EvalOptions(data=str(flat), source_lang="en", target_lang="de"), tmp_path / "f")
+    assert not any((tmp_path / x).exists() for x in "cdef")
+
+
+def test_bad_translation_input_is_refused_in_one_line(tmp_path, classifier_path):
+    no_target = write_jsonl(tmp_path / "nt.jsonl", [{"id": "a", "source": "x y", "prediction": "x"}])
+    with pytest.raises(UserError, match="has no reference column; columns found: id, source, prediction"):
+        evaluate(EvalOptions(data=str(no_target), task="translation"), tmp_path / "a")
+    pairs = write_jsonl(tmp_path / "p.jsonl", _rows(TARGETS))
+    with pytest.raises(UserError, match="--limited-length-recall applies to summarization, but predictions file .* "
+                                        "is a translation task"):
+        evaluate(EvalOptions(data=str(pairs), limited_length_recall=True), tmp_path / "b")
+    sentences = write_jsonl(tmp_path / "s.jsonl", [{"sentence": "good movie", "label": 1}])
+    with pytest.raises(UserError, match="--task translation scores generated text, but model .* is a classification"):
+        evaluate(EvalOptions(model=str(classifier_path), data=str(sentences), task="translation"), tmp_path / "c")
+    assert not any((tmp_path / x).exists() for x in "abc")
+
+
+def test_a_marian_model_translates_source_rows_and_is_scored(tmp_path):
+    from transformers import MarianConfig, MarianMTModel
+
+    tok = bart_tokenizer()
+    torch.manual_seed(0)
+    config = MarianConfig(vocab_size=len(tok), d_model=32, encoder_layers=2, decoder_layers=2,
+                          encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                          decoder_ffn_dim=64, max_position_embeddings=80, pad_token_id=tok.pad_token_id,
+                          eos_token_id=tok.eos_token_id, decoder_start_token_id=tok.pad_token_id,
+                          forced_eos_token_id=None)
+    model = MarianMTModel(config)
+    model.generation_config.num_beams, model.generation_config.max_length = 2, 12
+    model.save_pretrained(tmp_path / "marian")
+    tok.save_pretrained(tmp_path / "marian")
+    data = write_jsonl(tmp_path / "ende.jsonl", [{"id": f"s{i}", "source": s, "target": t}
+                                                 for i, (s, t) in enumerate(zip(SOURCES[:6], TARGETS[:6]))])
+    path, metrics = evaluate(EvalOptions(model=str(tmp_path / "marian"), data=str(data), latency_docs=0,
+                                         resamples=100, device="cpu"), tmp_path / "eval")
+    rows = [json.loads(line) for line in (path / "predictions.jsonl").read_text().splitlines()]
+    assert metrics["task"] == "translation" and metrics["documents"] == 6
+    assert metrics["bleu"] == pytest.approx(sacrebleu.corpus_bleu([r["prediction"] for r in rows],
+                                                                  [TARGETS[:6]]).score, abs=1e-4)
+    assert [r["reference"] for r in rows] == TARGETS[:6] and [r["document"] for r in rows] == SOURCES[:6]
+    assert metrics["settings"]["generation"]["num_beams"] == 2 and "efficiency" in metrics
+    assert np.isfinite(metrics["chrf"])
