@@ -125,6 +125,19 @@ def make_collate(pad_id: int) -> Callable[[list[dict]], dict[str, Any]]:
 
 # ---------------------------------------------------------------- the loss
 
+def decoder_inputs(model: Any, labels: torch.Tensor) -> torch.Tensor:
+    """The decoder's inputs for teacher forcing on `labels`: the model's own rule (mBART's moves the language
+    code to the front), else the labels shifted right behind the decoder start token (M2M100/NLLB, whose
+    forward does the same with labels), -100 read as padding."""
+    if hasattr(model, "prepare_decoder_input_ids_from_labels"):
+        return model.prepare_decoder_input_ids_from_labels(labels=labels)
+    config = model.config
+    shifted = labels.new_full(labels.shape, config.pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = config.decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, config.pad_token_id)
+
+
 def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] | None):
     """Label-smoothed CE, plus the weighted word-level losses against the teacher."""
     from modelshrink import losses
@@ -133,7 +146,7 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
 
     def loss_fn(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         core = model.module if hasattr(model, "module") else model  # DDP keeps the model in .module
-        decoder_input_ids = core.prepare_decoder_input_ids_from_labels(labels=batch["labels"])
+        decoder_input_ids = decoder_inputs(core, batch["labels"])
         # No key/value cache: training never reuses one (and gradient checkpointing refuses it).
         inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                       decoder_input_ids=decoder_input_ids, output_hidden_states=need_hidden,

@@ -75,7 +75,7 @@ class Family:
 
 
 FAMILIES = (
-    Family("bart", ("bart", "mbart", "pegasus", "marian"),
+    Family("bart", ("bart", "mbart", "pegasus", "marian", "m2m_100"),  # m2m_100: M2M100 and NLLB
            encoder_layers="model.encoder.layers", decoder_layers="model.decoder.layers",
            encoder_self="self_attn", decoder_self="self_attn", decoder_cross="encoder_attn", query="q_proj",
            encoder_layers_config="encoder_layers", decoder_layers_config="decoder_layers"),
@@ -96,7 +96,8 @@ ENCODER_DECODER_HALVES = ("bert", "roberta")
 
 
 def supported_families() -> str:
-    return "BART/mBART/Pegasus/Marian, T5/mT5, EncoderDecoderModel with BERT or RoBERTa halves (bert2bert)"
+    return ("BART/mBART/Pegasus/Marian/M2M100 (NLLB), T5/mT5, EncoderDecoderModel with BERT or RoBERTa halves "
+            "(bert2bert)")
 
 
 def family_of(config) -> Family:
