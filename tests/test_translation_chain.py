@@ -62,3 +62,22 @@ def test_a_translator_goes_through_the_chain(family, tmp_path):
                           tmp_path / "eval")
     assert metrics["task"] == "translation" and metrics["documents"] == len(DOCUMENTS)
     assert 0 <= metrics["bleu"] <= 100 and 0 <= metrics["chrf"] <= 100
+
+
+def test_a_translator_is_validated_and_kept_by_bleu(tmp_path):
+    import json
+
+    from modelshrink.distill import DistillOptions, distill
+
+    teacher = _translator("marian", tmp_path / "teacher")
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"id": str(i), "source": s, "target": t}
+                                                   for i, (s, t) in enumerate(zip(DOCUMENTS, SUMMARIES))])
+    student = distill(DistillOptions(data=str(pairs), teacher=str(teacher), decoder_layers=1, max_steps=3,
+                                     batch_size=4, validation=str(pairs), eval_every=1, eval_limit=4, metric="bleu",
+                                     device="cpu"), tmp_path / "student")
+    rows = [json.loads(line) for line in (student / "train_log.jsonl").read_text().splitlines()]
+    checks = [r for r in rows if r.get("event") == "validation"]
+    assert len(checks) == 3 and all({"bleu", "chrf", "rouge2"} <= set(r) for r in checks)
+    best = json.loads((student / "validation.json").read_text())
+    assert best["metric"] == "bleu" and best["bleu"] == max(r["bleu"] for r in checks)
+    assert best["step"] == next(r["step"] for r in checks if r["bleu"] == best["bleu"])  # the first of the best

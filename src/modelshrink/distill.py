@@ -189,8 +189,10 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
 
 
 def make_validate(rows: list[Any], tokenizer: Any, options: DistillOptions, max_source_length: int, device: Any):
-    """ROUGE (F1 ×100, eval's code) of generated summaries on the validation rows."""
+    """ROUGE (F1 ×100) and sacreBLEU's corpus BLEU and chrF (eval's code) of generated text on the validation
+    rows: summaries and translations are validated alike, and --metric picks what keeps a checkpoint."""
     from modelshrink.generation import generate, plan_batches, resolve_generation
+    from modelshrink.metrics import translation
     from modelshrink.metrics.rouge import rouge_per_document
 
     def validate(model: Any) -> dict[str, float]:
@@ -203,8 +205,10 @@ def make_validate(rows: list[Any], tokenizer: Any, options: DistillOptions, max_
                              settings)
             for example, text in zip(batch.rows, texts):
                 predictions[example.index] = text
-        scores = rouge_per_document(predictions, [r.reference for r in rows])
-        return {k: round(float(np.mean(v)), 4) for k, v in scores.items()}
+        references = [r.reference for r in rows]
+        scores = {k: round(float(np.mean(v)), 4) for k, v in rouge_per_document(predictions, references).items()}
+        corpus = translation.corpus_scores(translation.sentence_statistics(predictions, references))
+        return {**scores, **{k: round(v, 4) for k, v in corpus.items()}}
 
     return validate
 
@@ -344,7 +348,8 @@ def model_card(options: DistillOptions, output: Path, origin: dict[str, Any], me
     if "validation" in metrics:
         v = metrics["validation"]
         lines += ["", "## Validation", "", f"On `{options.validation}` (first {options.eval_limit} documents), "
-                  f"best step {v['step']} by {options.metric}:", "", "| ROUGE-1 | ROUGE-2 | ROUGE-L | ROUGE-Lsum |",
-                  "|---|---|---|---|", f"| {v['rouge1']:.2f} | {v['rouge2']:.2f} | {v['rougeL']:.2f} | "
-                  f"{v['rougeLsum']:.2f} |"]
+                  f"best step {v['step']} by {options.metric}:", "",
+                  "| ROUGE-1 | ROUGE-2 | ROUGE-L | ROUGE-Lsum | BLEU | chrF |", "|---|---|---|---|---|---|",
+                  f"| {v['rouge1']:.2f} | {v['rouge2']:.2f} | {v['rougeL']:.2f} | {v['rougeLsum']:.2f} | "
+                  f"{v.get('bleu', float('nan')):.2f} | {v.get('chrf', float('nan')):.2f} |"]
     return "\n".join(lines) + "\n"

@@ -29,7 +29,7 @@ from modelshrink.train import enable_gradient_checkpointing, place_teacher, run_
 
 __all__ = ["QuantizeOptions", "quantize", "storage_metrics"]
 
-ROUGE = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+ROUGE = ("rouge1", "rouge2", "rougeL", "rougeLsum", "bleu", "chrf")  # what a seq2seq validation reports
 CLASSIFIER_METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman")
 # Options that only a seq2seq model reads, and only a classifier reads.
 SEQ2SEQ_ONLY = ("encoder_layers", "decoder_layers", "summary_column", "num_beams", "max_length", "max_target_length")
@@ -145,7 +145,8 @@ def distillation_settings(options: QuantizeOptions) -> DistillOptions:
     if any(getattr(options, k) for k in CLASSIFIER_ONLY):
         raise UserError("--text-pair-column / --label-column are for classifiers; this is a seq2seq model")
     if options.metric is not None and options.metric not in ROUGE:
-        raise UserError(f"--metric {options.metric} is for classifiers; a seq2seq model is validated by ROUGE")
+        raise UserError(f"--metric {options.metric} is for classifiers; a seq2seq model is validated by ROUGE, "
+                        "BLEU and chrF")
     shrinking = options.encoder_layers or options.decoder_layers
     shared = {f.name for f in fields(DistillOptions)} & {f.name for f in fields(QuantizeOptions)}
     values = {name: getattr(options, name) for name in shared}

@@ -13,6 +13,7 @@ START = "Starting point"
 LOSS = "Losses"
 LOGIT_LOSSES = ("kl", "mse")
 ROUGE_METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+SEQ2SEQ_METRICS = ROUGE_METRICS + ("bleu", "chrf")  # what validation of generated text reports
 
 
 @options_class
@@ -49,9 +50,10 @@ class DistillOptions(TrainOptions):
     label_smoothing: float = opt(0.1, "Label smoothing of the cross-entropy (PLATE: 0.1).", panel=LOSS, min=0,
                                  below=1)
     batch_size: int = opt(16, "Pairs per batch and process.", panel=OPT, min=1)
-    validation: str | None = opt(None, "Validation pairs, scored by ROUGE.", panel=VAL)
+    validation: str | None = opt(None, "Validation pairs, scored by ROUGE, BLEU and chrF.", panel=VAL)
     eval_limit: int | None = opt(200, "Validation documents used.", panel=VAL, min=1)
-    metric: str = opt("rouge2", "Keep the checkpoint best by this.", panel=VAL, choices=ROUGE_METRICS)
+    metric: str = opt("rouge2", "Keep the checkpoint best by this (bleu, chrf: sacreBLEU's, for translation).",
+                      panel=VAL, choices=SEQ2SEQ_METRICS)
     num_beams: int | None = opt(None, "Beam size.", panel=GEN, min=1)
     max_length: int | None = opt(None, "Maximum summary length in tokens.", panel=GEN, min=1)
     max_source_length: int | None = opt(None, "Truncate documents to this many tokens. [default: the smaller of "

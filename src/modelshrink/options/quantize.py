@@ -16,7 +16,7 @@ TRAIN = "Training (--method distill)"
 DIRECT_READS = frozenset({"model", "bits", "method", "granularity", "allow_low_activation_bits", "activation_clip",
                           "device",
                           "trust_remote_code", "allow_pickle"})
-METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum", "accuracy", "f1", "mcc", "pearson", "spearman")
+METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum", "bleu", "chrf", "accuracy", "f1", "mcc", "pearson", "spearman")
 
 
 @options_class
@@ -46,7 +46,8 @@ class QuantizeOptions(TrainOptions):
     kd_attention: float = opt(1.0, "Weight of the attention MSE.", panel=TRAIN, min=0)
     label_smoothing: float = opt(0.0, "Label smoothing of the task loss.", panel=TRAIN, min=0, below=1)
     batch_size: int = opt(16, "Examples per batch and process.", panel=OPT, min=1)
-    validation: str | None = opt(None, "Validation data (ROUGE for seq2seq, accuracy/F1/MCC for classifiers).",
+    validation: str | None = opt(None, "Validation data (ROUGE, BLEU, chrF for seq2seq; accuracy/F1/MCC for "
+                                       "classifiers).",
                                  panel=VAL)
     eval_limit: int | None = opt(200, "Validation rows used.", panel=VAL, min=1)
     metric: str | None = opt(None, "Keep the checkpoint best by this. [default: rouge2 for seq2seq, accuracy for "
