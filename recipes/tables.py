@@ -1,4 +1,4 @@
-"""python recipes/tables.py {teacher,plate,dqbart,ackd} RUNS [--figures DIR]
+"""python recipes/tables.py {teacher,plate,dqbart,dqbart-mt,ackd} RUNS [--figures DIR]
 
 The tables and figures of REPRODUCTION.md, read from the artifacts the recipes wrote under RUNS
 (default runs/repro): markdown on stdout, PNGs into --figures (default RUNS). Nothing here trains or
@@ -218,6 +218,55 @@ def dqbart(runs: Path, figures: Path) -> None:
         print(f"(no figure: {e})")
 
 
+DQ_MT_ROWS = [("float", "32-32-32 6-6 (the teacher)"), ("888-direct", "8-8-8 6-6, direct"),
+              ("228-direct", "2-2-8 6-6, direct"), ("888-6-6", "8-8-8 6-6, distillation-aware"),
+              ("228-6-6", "2-2-8 6-6, distillation-aware"), ("888-6-3", "8-8-8 6-3, distillation-aware"),
+              ("228-6-3", "2-2-8 6-3, distillation-aware")]
+DQ_MT_PAIRS = [("888-6-6", "888-direct"), ("228-6-6", "228-direct"), ("888-6-3", "888-6-6"), ("228-6-3", "228-6-6")]
+# DQ-BART Table 2 (mBART-large 12-12 on WMT16 En-Ro): BLEU, and the size ratio it gives
+DQ_MT_PAPER = {"float": ("12-12", "1x", 26.82), "888-direct": ("12-12", "4.0x", 0.01),
+               "888-6-6": ("12-12", "4.0x", 25.91), "228-6-6": ("12-12", "15.2x", 23.48),
+               "888-6-3": ("12-6", "4.7x", 25.61), "228-6-3": ("12-6", "18.0x", 17.66)}
+
+
+def dqbart_mt(runs: Path, figures: Path) -> None:
+    """DQ-BART Table 2 small (recipes/dq-bart-translation.sh): BLEU and chrF with intervals, each row against the
+    float teacher, beside the paper's mBART rows."""
+    folder = runs / "dq-bart"
+    float_eval = _json(folder / "eval-float" / "metrics.json")
+    if float_eval is None:
+        sys.exit(f"no {folder / 'eval-float'}: run recipes/dq-bart-translation.sh first")
+    float_bytes = float_eval["efficiency"]["bytes_on_disk"]
+    print("| W-E-A E-D | MB on disk | compression | BLEU | chrF | Δ BLEU vs float (p) | Δ chrF (p) | paper (E-D, size, "
+          "BLEU) |")
+    print("|---|---|---|---|---|---|---|---|")
+    points = []
+    for key, name in DQ_MT_ROWS:
+        m = float_eval if key == "float" else _json(folder / f"eval-{key}" / "metrics.json")
+        if m is None:
+            continue
+        stored = m["efficiency"]["bytes_on_disk"] if "efficiency" in m else \
+            _json(folder / key / "modelshrink.json")["metrics"]["bytes_on_disk"]
+        paper = DQ_MT_PAPER.get(key)
+        print(f"| {name} | {stored / 1e6:.1f} | {float_bytes / stored:.1f}× | {_rouge(m, 'bleu')} | "
+              f"{_rouge(m, 'chrf')} | {_delta_p(m, 'bleu')} | {_delta_p(m, 'chrf')} | "
+              f"{' / '.join(map(str, paper)) if paper else '–'} |")
+        points.append((key, stored, m["bleu"]))
+    pairs = [(a, b, _json(folder / f"eval-{a}-vs-{b}" / "metrics.json")) for a, b in DQ_MT_PAIRS]
+    if any(m for _, _, m in pairs):
+        names = dict(DQ_MT_ROWS)
+        print("\n| compared | Δ BLEU (p) | Δ chrF (p) |\n|---|---|---|")
+        for a, b, m in pairs:
+            if m is not None:
+                print(f"| {names[a]} against {names[b]} | {_delta_p(m, 'bleu')} | {_delta_p(m, 'chrf')} |")
+    try:
+        from modelshrink.figures import quality_vs_footprint
+
+        print(f"\n![DQ-BART Table 2 small]({quality_vs_footprint(points, figures / 'dq-bart-mt.png', 'BLEU')})")
+    except Exception as e:
+        print(f"(no figure: {e})")
+
+
 ACKD_ROWS = [("ce", "CE only"), ("kd", "KD (CE + KD)"), ("kd-pt", "KD + PT (PKD)"), ("ackd", "ACKD"),
              ("ackd-no-sar", "ACKD w/o SAR"), ("ackd-no-storage", "ACKD w/o storage"),
              ("ackd-no-kd", "ACKD w/o KD"), ("ackd-no-pt", "ACKD w/o PT"),
@@ -309,7 +358,7 @@ def ackd(runs: Path, figures: Path, data: Path, teacher: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("table", choices=["teacher", "plate", "dqbart", "ackd"])
+    parser.add_argument("table", choices=["teacher", "plate", "dqbart", "dqbart-mt", "ackd"])
     parser.add_argument("runs", nargs="?", default=None, type=Path,
                         help="the recipe's OUT_DIR (default runs/repro; runs/repro/ackd for ackd)")
     parser.add_argument("--figures", type=Path, default=None, help="where PNGs go (default RUNS)")
@@ -325,7 +374,7 @@ def main() -> None:
     elif args.table == "plate":
         plate(runs, figures, args.long)
     else:
-        {"teacher": teacher, "dqbart": dqbart}[args.table](runs, figures)
+        {"teacher": teacher, "dqbart": dqbart, "dqbart-mt": dqbart_mt}[args.table](runs, figures)
 
 
 if __name__ == "__main__":

@@ -282,3 +282,57 @@ def test_warm_start_is_reproducible_from_its_seed():
     r, _ = init_encoder_decoder(packaged_minilm(), seed=3, cross_attention="random")
     layer = r.decoder.bert.encoder.layer[2]
     assert not torch.equal(layer.crossattention.self.key.weight, layer.attention.self.key.weight)
+
+
+def test_the_translation_recipe_makes_table_2s_rows_once_and_scores_against_the_teacher_first(tmp_path):
+    """recipes/dq-bart-translation.sh (DQ-BART Table 2 small): every quantized model once, checkpointing; the float
+    teacher's evaluation before the others, which are tested against it; the row-against-row tests last; the
+    held-out rows that choose checkpoints are the validation rows after the scored ones."""
+    import gzip
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    pairs = [{"id": str(i), "source": f"s{i}", "target": f"t{i}"} for i in range(5)]
+    for split in ("train", "validation"):
+        with gzip.open(data / f"en-de.{split}.jsonl.gz", "wt") as f:
+            f.writelines(json.dumps(p) + "\n" for p in pairs)
+    done, rows = _run_recipe_with_a_stub("dq-bart-translation.sh", data, out, tmp_path, STAGES="quant eval",
+                                         VALID_DOCS="3", JOBS="2")
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["id"] for line in (out / "dq-bart" / "dev.jsonl").read_text().splitlines()] == ["3", "4"]
+    models = ["888-direct", "228-direct", "888-6-6", "228-6-6", "888-6-3", "228-6-3"]
+    pairs_ = ["888-6-6-vs-888-direct", "228-6-6-vs-228-direct", "888-6-3-vs-888-6-6", "228-6-3-vs-228-6-6"]
+    started = _started(rows, out)
+    assert sorted((cmd, path) for cmd, path, _ in started) == sorted(
+        [("quantize", f"dq-bart/{n}") for n in models] + [("eval", f"dq-bart/eval-{n}")
+                                                          for n in ["float", *models, *pairs_]])
+    save_every = {row[2].split(f"{out}/")[1]: row[4] for row in rows if row[0] == "start"}
+    assert {save_every[f"dq-bart/{n}"] for n in models if "direct" not in n} == {"100"}
+    events = [(event, path.split(f"{out}/")[1]) for event, _, path, *_ in rows]
+    assert min(events.index(("start", f"dq-bart/eval-{n}")) for n in models) > events.index(("end", "dq-bart/eval-float"))
+    assert min(events.index(("start", f"dq-bart/eval-{p}")) for p in pairs_) > max(
+        events.index(("end", f"dq-bart/eval-{n}")) for n in models)
+
+
+def test_the_translation_teacher_starts_from_a_tokenizer_trained_on_both_sides(tmp_path, monkeypatch):
+    """recipes/translation_teacher.py: a random Marian-shaped model and a byte-level BPE of the pairs, which
+    round-trips German text (umlauts included) and ends each sequence with Marian's EOS."""
+    import runpy
+
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"source": f"This package contains {w} files.",
+                                         "target": f"Dieses Paket enthält {w}-Dateien für Übersetzer."}) + "\n"
+                             for w in ("header", "data", "source", "test", "example") * 4))
+    monkeypatch.setattr("sys.argv", ["translation_teacher.py", str(tmp_path / "init"), "--data", str(pairs),
+                                     "--vocab", "400", "--layers", "2", "--d-model", "32"])
+    runpy.run_path(str(ROOT / "recipes" / "translation_teacher.py"), run_name="__main__")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "init")
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "init")
+    text = "Dieses Paket enthält Dateien für Übersetzer."
+    ids = tokenizer(text)["input_ids"]
+    assert ids[-1] == tokenizer.eos_token_id == model.config.eos_token_id == 1
+    assert tokenizer.decode(ids, skip_special_tokens=True).strip() == text
+    assert model.config.model_type == "marian" and model.config.encoder_layers == 2
+    assert model.generation_config.num_beams == 4 and model.config.decoder_start_token_id == tokenizer.pad_token_id

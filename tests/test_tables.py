@@ -48,3 +48,30 @@ def test_dqbart_rows_pairs_clamped_rows_and_loss_windows(tmp_path):
     # the last four windows of 50 steps, means of the logged loss: steps 101-150 log 5 - 1.1 .. 5 - 1.5 (mean 3.7)
     assert "| model | steps 101-150 | steps 151-200 | steps 201-250 | steps 251-300 |" in out
     assert "| 8-8-8 6-6, distillation-aware, clamp ±2.5, total | 3.70 | 3.20 | 2.70 | 2.20 |" in out
+
+
+def test_dqbart_mt_rows_bleu_chrf_and_the_papers_table_2(tmp_path):
+    folder = tmp_path / "dq-bart"
+
+    def bleu(score: float, against: dict | None = None, size: int | None = None) -> dict:
+        m = {"bleu": score, "chrf": score + 20, "ci95": {"bleu": [score - 1, score + 1], "chrf": [score + 19, score + 21]}}
+        m.update({"efficiency": {"bytes_on_disk": size}} if size else {})
+        m.update({"against": against} if against else {})
+        return m
+
+    _write(folder / "eval-float", bleu(30.0, size=50_000_000))
+    gap = {"delta": {"bleu": -29.5, "chrf": -40.0}, "p": {"bleu": 0.0001, "chrf": 0.0001}}
+    _write(folder / "eval-888-direct", bleu(0.5, against=gap))
+    _write(folder / "888-direct", {"metrics": {"bytes_on_disk": 12_500_000}})
+    _write(folder / "eval-888-6-6-vs-888-direct", bleu(29.0, against={"delta": {"bleu": 28.5, "chrf": 30.0},
+                                                                      "p": {"bleu": 0.0001, "chrf": 0.0001}}))
+    done = subprocess.run([sys.executable, str(TABLES), "dqbart-mt", str(tmp_path), "--figures", str(tmp_path / "f")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "| 32-32-32 6-6 (the teacher) | 50.0 | 1.0× | 30.00 [29.00, 31.00] | 50.00 [49.00, 51.00] | – | – | " \
+           "12-12 / 1x / 26.82 |" in out
+    assert "| 8-8-8 6-6, direct | 12.5 | 4.0× | 0.50 [-0.50, 1.50] | 20.50 [19.50, 21.50] | -29.50 (< 0.001*) | " \
+           "-40.00 (< 0.001*) | 12-12 / 4.0x / 0.01 |" in out
+    assert "| 8-8-8 6-6, distillation-aware against 8-8-8 6-6, direct | +28.50 (< 0.001*) | +30.00 (< 0.001*) |" in out
+    assert "2-2-8 6-6" not in out.split("| compared")[0]  # rows without an evaluation are left out
