@@ -116,6 +116,35 @@ def build(family: str, attn_implementation: str = "sdpa", seed: int = 0, wide: b
 FAMILIES = ["bart", "t5", "bert2bert"]
 
 
+# the translation families: (config class, model class, forces a target-language code first)
+TRANSLATORS = {"marian": ("MarianConfig", "MarianMTModel", False),
+               "mbart": ("MBartConfig", "MBartForConditionalGeneration", True),
+               "m2m_100": ("M2M100Config", "M2M100ForConditionalGeneration", True)}
+
+
+def translator(family: str, folder: Path) -> Path:
+    """A tiny random translator of `family` (TRANSLATORS) saved with its tokenizer; mBART and M2M100 force a
+    stand-in target-language code as their first token."""
+    import transformers
+
+    config_class, model_class, language_code = TRANSLATORS[family]
+    tok = bart_tokenizer()
+    torch.manual_seed(0)
+    config = getattr(transformers, config_class)(
+        vocab_size=len(tok), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=80,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        # Marian starts from the pad token; mBART and M2M100 from EOS, then the forced language code
+        decoder_start_token_id=tok.pad_token_id if family == "marian" else tok.eos_token_id, forced_eos_token_id=None)
+    model = getattr(transformers, model_class)(config)
+    model.generation_config.num_beams, model.generation_config.max_length = 2, 10
+    if language_code:  # a word of the test vocabulary stands in for the code ("de_DE", "__de__")
+        model.generation_config.forced_bos_token_id = tok.convert_tokens_to_ids("data")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
 def _save_families(root: Path, wide: bool) -> dict[str, Path]:
     paths = {}
     for family in FAMILIES:

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from conftest import DOCUMENTS
+from conftest import DOCUMENTS, TRANSLATORS, translator
 from modelshrink.artifacts import read_manifest, verify_files
 from modelshrink.cli import app
 
@@ -49,6 +49,8 @@ def exported(plain_models, classifier_path, tmp_path_factory):
     def source(model: str) -> Path:
         if model == "classifier":
             return classifier_path
+        if model in TRANSLATORS:
+            return translator(model, root / model) if not (root / model).exists() else root / model
         if "-" not in model:
             return plain_models[model]
         from modelshrink.quantize import QuantizeOptions, quantize
@@ -186,7 +188,8 @@ def _node(script: Path, folder: Path, request: dict) -> dict:
 
 
 @pytest.mark.parametrize("model, flags", [("bart", ()), ("t5", ()), ("bart", ("--int8",)), ("t5", ("--int4",)),
-                                          ("bart-2-2-8", ())], ids=["bart", "t5", "bart-int8", "t5-int4", "bart-2-2-8"])
+                                          ("bart-2-2-8", ()), ("marian", ()), ("mbart", ()), ("m2m_100", ())],
+                         ids=["bart", "t5", "bart-int8", "t5-int4", "bart-2-2-8", "marian", "mbart", "m2m_100"])
 def test_transformers_js_generates_the_runtimes_tokens(transformers_js, exported, plain_models, model, flags):
     folder = exported(model, "transformers.js", *flags)
     got = _node(transformers_js, folder, {"documents": DOCS, "searches": SEARCHES})
@@ -298,7 +301,8 @@ def optimum():
     process.close()
 
 
-@pytest.mark.parametrize("model", ["bart", "t5", "bert2bert", "bart-2-2-8", "bart-8-8-8"])
+@pytest.mark.parametrize("model", ["bart", "t5", "bert2bert", "bart-2-2-8", "bart-8-8-8", "marian", "mbart",
+                                   "m2m_100"])
 def test_optimum_generates_the_runtimes_tokens(optimum, exported, plain_models, model):
     folder = exported(model)  # quantize artifacts: 2-bit codes (2-2-8), 8-bit codes (8-8-8)
     searches = [*SEARCHES, {"num_beams": 2, "max_length": 12}]

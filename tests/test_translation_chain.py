@@ -6,36 +6,10 @@ export generating PyTorch's tokens, and BLEU/chrF of the export on source/target
 from __future__ import annotations
 
 import pytest
-import torch
 
-from conftest import DOCUMENTS, SUMMARIES, bart_tokenizer, write_jsonl
+from conftest import DOCUMENTS, SUMMARIES, TRANSLATORS, translator, write_jsonl
 
-FAMILIES = {"marian": ("MarianConfig", "MarianMTModel", False), "mbart": ("MBartConfig", "MBartForConditionalGeneration", True),
-            "m2m_100": ("M2M100Config", "M2M100ForConditionalGeneration", True)}
-
-
-def _translator(family: str, folder):
-    import transformers
-
-    config_class, model_class, language_code = FAMILIES[family]
-    tok = bart_tokenizer()
-    torch.manual_seed(0)
-    config = getattr(transformers, config_class)(
-        vocab_size=len(tok), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=80,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-        # Marian starts from the pad token; mBART and M2M100 from EOS, then the forced language code
-        decoder_start_token_id=tok.pad_token_id if family == "marian" else tok.eos_token_id, forced_eos_token_id=None)
-    model = getattr(transformers, model_class)(config)
-    model.generation_config.num_beams, model.generation_config.max_length = 2, 10
-    if language_code:  # a word of the test vocabulary stands in for the code ("de_DE", "__de__")
-        model.generation_config.forced_bos_token_id = tok.convert_tokens_to_ids("data")
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
-
-
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", sorted(TRANSLATORS))
 def test_a_translator_goes_through_the_chain(family, tmp_path):
     from modelshrink.distill import DistillOptions, distill
     from modelshrink.evaluate import EvalOptions, evaluate
@@ -43,13 +17,13 @@ def test_a_translator_goes_through_the_chain(family, tmp_path):
     from modelshrink.pseudolabel import PseudolabelOptions, pseudolabel
     from modelshrink.quantize import QuantizeOptions, quantize
 
-    teacher = _translator(family, tmp_path / "teacher")
+    teacher = translator(family, tmp_path / "teacher")
     pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"id": str(i), "source": s, "target": t}
                                                    for i, (s, t) in enumerate(zip(DOCUMENTS, SUMMARIES))])
     labels = pseudolabel(PseudolabelOptions(teacher=str(teacher), data=str(pairs), device="cpu"), tmp_path / "pl")
     rows = (labels / "data.jsonl").read_text().splitlines()
     assert len(rows) == len(DOCUMENTS)
-    if FAMILIES[family][2]:  # the forced language code opens every output
+    if TRANSLATORS[family][2]:  # the forced language code opens every output
         assert all('"summary": "data' in row for row in rows)
     student = distill(DistillOptions(data=str(labels), teacher=str(teacher), decoder_layers=1, max_steps=2,
                                      batch_size=2, device="cpu"), tmp_path / "student")
@@ -69,7 +43,7 @@ def test_a_translator_is_validated_and_kept_by_bleu(tmp_path):
 
     from modelshrink.distill import DistillOptions, distill
 
-    teacher = _translator("marian", tmp_path / "teacher")
+    teacher = translator("marian", tmp_path / "teacher")
     pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"id": str(i), "source": s, "target": t}
                                                    for i, (s, t) in enumerate(zip(DOCUMENTS, SUMMARIES))])
     student = distill(DistillOptions(data=str(pairs), teacher=str(teacher), decoder_layers=1, max_steps=3,
