@@ -190,6 +190,31 @@ def test_validation_json_has_one_schema(runs):
         assert read_manifest(folder)["metrics"]["validation"][metric] == validation[metric], name
 
 
+def test_every_model_card_opens_with_the_hubs_metadata_and_says_what_the_manifest_says(runs, tmp_path):
+    """huggingface_hub's ModelCard (offline) parses each card's front matter: library, task, tags and the model the
+    step started from, as the manifest records them; an export's card says onnxruntime and the task of its data."""
+    from huggingface_hub import ModelCard
+
+    tasks = {"distill": "summarization", "quantize": "summarization", "quantize-classifier": "text-classification",
+             "contrastive": "text-classification"}
+    for name, (folder, args) in runs.items():
+        data = ModelCard.load(folder / "README.md").data.to_dict()
+        manifest = read_manifest(folder)
+        base = manifest["options"].get("teacher") or manifest["options"].get("model")
+        assert data["library_name"] == "transformers" and data["pipeline_tag"] == tasks[name], (name, data)
+        assert data["base_model"] == base and "modelshrink" in data["tags"], (name, data)
+        assert {"distill": "distillation", "quantize": "quantization", "contrastive": "ackd"}[args[0]] in data["tags"]
+        assert "datasets" not in data  # local files are no hub datasets
+        assert (folder / "README.md").read_text().count("\n---\n") == 1  # one front matter, then the card
+    folder, _ = runs["distill"]
+    result = runner.invoke(app, ["export", str(folder), "-o", str(tmp_path / "onnx"), "--no-validate"])
+    assert result.exit_code == 0, result.output
+    data = ModelCard.load(tmp_path / "onnx" / "README.md").data.to_dict()
+    assert (data["library_name"], data["pipeline_tag"], data["base_model"]) == ("onnxruntime", "summarization",
+                                                                               str(folder))
+    assert {"modelshrink", "onnx"} <= set(data["tags"])
+
+
 def test_model_card_reproduce_line_is_its_own_step(runs, monkeypatch):
     for name, (folder, args) in runs.items():
         card = (folder / "README.md").read_text()

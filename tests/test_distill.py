@@ -57,7 +57,8 @@ def test_tiny_model_overfits_16_pairs(pairs, tmp_path):
     m = read_manifest(out)
     assert m["step"] == "distill" and m["metrics"]["steps"] == 150 and verify_files(out) == []
     assert m["metrics"]["train_tokens"] == sum(e["tokens"] for e in log)  # log_every=1: one entry per step
-    assert (out / "README.md").read_text().startswith("# s")
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\n") and card.split("\n---\n", 1)[1].startswith("# s")  # the Hub's metadata, then
 
 
 def test_max_steps_zero_writes_the_shrunk_student(saved_models, pairs, tmp_path):

@@ -32,6 +32,10 @@ def test_a_translator_goes_through_the_chain(family, tmp_path):
     folder, report = export_model(ExportOptions(model=str(quantized), data=str(pairs), samples=2, generation_docs=2),
                                   tmp_path / "onnx")
     assert report["validation"]["generation"]["equal"], report["validation"]["generation"]
+    # every card tells the Hub it translates (Marian and M2M100 by their type, mBART by its source/target data)
+    from huggingface_hub import ModelCard
+
+    assert {ModelCard.load(f / "README.md").data.pipeline_tag for f in (student, quantized, folder)} == {"translation"}
     _, metrics = evaluate(EvalOptions(model=str(folder), data=str(pairs), latency_docs=0, resamples=100),
                           tmp_path / "eval")
     assert metrics["task"] == "translation" and metrics["documents"] == len(DOCUMENTS)

@@ -305,8 +305,7 @@ def _portable_tokenizer_class(path: Path) -> None:
 
 def _model_card(folder: Path, options: ExportOptions, report: dict[str, Any]) -> None:
     check = report.get("validation", {})
-    lines = ["---", "library_name: onnxruntime", "tags: [onnx, modelshrink]", "---", "",
-             f"# ONNX export of `{Path(options.model).name}`", "",
+    lines = [f"# ONNX export of `{Path(options.model).name}`", "",  # the commit adds the Hub's metadata
              f"Exported by `modelshrink export` from `{options.model}` (opset {options.opset}"
              f"{', int8 dynamic quantization' if options.int8 else ''}"
              f"{f', int4 weights in blocks of {options.int4_block_size}' if options.int4 else ''}).", "",
