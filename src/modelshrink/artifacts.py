@@ -259,10 +259,6 @@ class ArtifactWriter:
     def commit(self, *, step: str, kind: str, options: dict[str, Any], parents: list[dict[str, Any]],
                metrics: dict[str, Any] | None = None, resolved: dict[str, Any] | None = None) -> Path:
         locks.release(self.staging)
-        if kind == "model":  # the card opens with the metadata the Hub reads (modelshrink.cards)
-            from modelshrink.cards import open_card
-
-            open_card(self.staging, step, options)
         write_manifest(self.staging, step=step, kind=kind, options=options, parents=parents, metrics=metrics,
                        resolved=resolved)
         old = None

@@ -80,3 +80,11 @@ def open_card(folder: Path, step: str, options: dict[str, Any]) -> None:
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     card.write_text(front_matter(metadata(step, options, config)) + text.lstrip("\n"), encoding="utf-8")
+
+
+def commit_model(writer: Any, *, step: str, options: dict[str, Any], parents: list[dict[str, Any]],
+                 metrics: dict[str, Any] | None = None, resolved: dict[str, Any] | None = None) -> Path:
+    """Commit a model artifact (`ArtifactWriter.commit`, kind "model") with its card opened by the Hub's metadata."""
+    open_card(writer.staging, step, options)
+    return writer.commit(step=step, kind="model", options=options, parents=parents, metrics=metrics,
+                         resolved=resolved)

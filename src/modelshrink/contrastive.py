@@ -18,6 +18,7 @@ import torch
 
 from modelshrink import __version__
 from modelshrink.ackd import ACKDObjective, feature_layer_pairs, layer_features
+from modelshrink.cards import commit_model
 from modelshrink.errors import UserError
 from modelshrink.families import encoder_layer_count
 from modelshrink.options.contrastive import ContrastiveOptions
@@ -336,8 +337,8 @@ def _commit(options: ContrastiveOptions, output: Path, writer: Any, staging: Pat
     (staging / "README.md").write_text(card + "\n".join(reproduce_section(options, output, parents,
                                                                        always=("teacher", "student"))) + "\n")
     resolved.update(run_facts(accelerator, options))
-    return writer.commit(step="contrastive", kind="model", options=options.recorded(), parents=parents,
-                         metrics=metrics, resolved=resolved)
+    return commit_model(writer, step="contrastive", options=options.recorded(), parents=parents,
+                        metrics=metrics, resolved=resolved)
 
 
 def _contrast_labels(options: ContrastiveOptions, rows: list[dict[str, Any]], task: str, distilling: bool,

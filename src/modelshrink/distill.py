@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from modelshrink import __version__
+from modelshrink.cards import commit_model
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
 from modelshrink.families import attention_heads, hidden_size
@@ -289,8 +290,8 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     (staging / "README.md").write_text(card + "\n".join(reproduce_section(options, output, parents,
                                                                        always=("teacher", "student"))) + "\n")
     resolved = {"layer_map": built["maps"], "max_source_length": max_source_length, **run_facts(accelerator, options)}
-    return writer.commit(step="distill", kind="model", options=options.recorded(), parents=parents,
-                         metrics=metrics, resolved=resolved)
+    return commit_model(writer, step="distill", options=options.recorded(), parents=parents,
+                        metrics=metrics, resolved=resolved)
 
 
 def student_metrics(student: Any, teacher: Any | None, result: TrainResult | None) -> dict[str, Any]:

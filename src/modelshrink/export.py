@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
+from modelshrink.cards import commit_model
 from modelshrink.errors import UserError
 from modelshrink.families import CLASSIFIER_TYPES, TOKEN_TYPE_CLASSIFIERS, model_kind
 from modelshrink.onnx import lowbit
@@ -230,8 +231,8 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
             for key in ("generation", "predictions"):
                 if key in report["validation"]:
                     metrics[f"{key}_agreement"] = report["validation"][key]["agreement"]
-        path = writer.commit(step="export", kind="model", options=options.recorded(),
-                             parents=[parent_ref("model", options.model)], metrics=metrics, resolved=resolved)
+        path = commit_model(writer, step="export", options=options.recorded(),
+                            parents=[parent_ref("model", options.model)], metrics=metrics, resolved=resolved)
     if failure:
         raise ExportCheckFailed(failure, str(path))
     return path, report

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from modelshrink.artifacts import ArtifactWriter, parent_ref
+from modelshrink.cards import commit_model
 from modelshrink.errors import UserError
 from modelshrink.options.distill import DistillOptions
 from modelshrink.options.quantize import QuantizeOptions
@@ -132,8 +133,8 @@ def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, *, 
         metrics = {**storage_metrics(writer.staging, model, float_params), "modules": counts}
         card = _card_head(output, options, metrics) + reproduce_section(options, output, parents)
         (writer.staging / "README.md").write_text("\n".join(card) + "\n")
-        return writer.commit(step="quantize", kind="model", options=options.recorded(), parents=parents,
-                             metrics=metrics, resolved={"bits": asdict(spec), "kind": kind})
+        return commit_model(writer, step="quantize", options=options.recorded(), parents=parents,
+                            metrics=metrics, resolved={"bits": asdict(spec), "kind": kind})
 
 
 # ---------------------------------------------------------------- seq2seq: DQ-BART 2.3
@@ -197,8 +198,8 @@ def quantize_seq2seq(options: QuantizeOptions, output: str | Path, *, overwrite:
     (staging / "README.md").write_text(card + "\n".join(reproduce_section(options, output, parents)) + "\n")
     resolved = {"bits": asdict(options.spec), "kind": "seq2seq", "layer_map": built["maps"],
                 "max_source_length": max_source_length, **run_facts(accelerator, options)}
-    return writer.commit(step="quantize", kind="model", options=options.recorded(), parents=parents,
-                         metrics=metrics, resolved=resolved)
+    return commit_model(writer, step="quantize", options=options.recorded(), parents=parents,
+                        metrics=metrics, resolved=resolved)
 
 
 # ---------------------------------------------------------------- classifiers
@@ -286,5 +287,5 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
     (staging / "README.md").write_text("\n".join(card) + "\n")
     resolved = {"bits": asdict(spec), "kind": "classifier", "task": task, "layer_map": layer_map,
                 **run_facts(accelerator, options)}
-    return writer.commit(step="quantize", kind="model", options=options.recorded(), parents=parents, metrics=metrics,
-                         resolved=resolved)
+    return commit_model(writer, step="quantize", options=options.recorded(), parents=parents, metrics=metrics,
+                        resolved=resolved)

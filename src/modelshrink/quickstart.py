@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from modelshrink.artifacts import ArtifactWriter, check_output, parent_ref
+from modelshrink.cards import commit_model
 from modelshrink.models import save_model
 from modelshrink.options.quickstart import QuickstartOptions
 from modelshrink.warmstart import WARMSTART_GENERATION, init_encoder_decoder, packaged_minilm
@@ -44,8 +45,8 @@ def warmstart_artifact(encoder: str, output: Path, overwrite: bool = False, seed
         save_model(model, tokenizer, writer.staging)
         options = {"init_encoder_decoder": encoder, "seed": seed, "generation": WARMSTART_GENERATION}
         metrics = {"parameters": sum(p.numel() for p in model.parameters())}
-        return writer.commit(step="warmstart", kind="model", options=options,
-                             parents=[parent_ref("encoder", encoder)], metrics=metrics)
+        return commit_model(writer, step="warmstart", options=options,
+                            parents=[parent_ref("encoder", encoder)], metrics=metrics)
 
 
 QUANTIZE_BITS = ("8-8-8", "2-2-8")  # the λ = 2 student, quantized both ways
