@@ -63,6 +63,7 @@ gen=(--num-beams 4 --max-length 128 --max-source-length 128)
 # shellcheck disable=SC2086
 run() { $launch "$@" --resume --quiet; }
 source "$here/lib/jobs.sh"
+source "$here/lib/dq_eval.sh"
 [[ $jobs_max == 1 || $launch == modelshrink ]] || {
   echo "JOBS=$jobs_max runs one-process steps side by side on a CPU machine; with LAUNCH ($launch) keep JOBS=1" >&2; exit 2; }
 
@@ -87,17 +88,9 @@ if [[ $stages == *quant* ]]; then
 fi
 
 if [[ $stages == *eval* ]]; then
-  run eval "$teacher" "$validation" -o "$dq/eval-float" "${vlimit[@]}" "${gen[@]}" --latency-docs 0 >/dev/null
-  for name in "${models[@]}"; do   # after the float model's: each is tested against it
-    spawn run eval "$dq/$name" "$validation" -o "$dq/eval-$name" "${vlimit[@]}" "${gen[@]}" --latency-docs 0 \
-      --reference-size "$teacher" --against "$dq/eval-float" >/dev/null
-  done
-  settle
-  for pair_ in "${compared[@]}"; do
-    a=${pair_%%:*} b=${pair_##*:}
-    [[ -f $dq/eval-$a-vs-$b/metrics.json ]] ||
-      $launch eval "$dq/eval-$a" -o "$dq/eval-$a-vs-$b" --against "$dq/eval-$b" --overwrite --quiet >/dev/null
-  done
+  # the paper's claims are comparisons between rows: distillation-aware against direct, fewer decoder layers
+  # against all six (re-tests of two finished evaluations' predictions: nothing is generated)
+  dq_eval "$dq" "$teacher" "$validation" models compared "${vlimit[@]}" "${gen[@]}"
 fi
 
 if [[ $stages == *table* ]]; then

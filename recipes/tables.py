@@ -165,11 +165,31 @@ def _loss_windows(log: Path, term: str = "loss", width: int = 50, count: int = 4
     return windows
 
 
-def dqbart(runs: Path, figures: Path) -> None:
-    folder = runs / "dq-bart"
+def _float_eval(folder: Path, recipe: str) -> dict:
+    """The float teacher's evaluation that every DQ-BART row is measured against, or exit naming the recipe."""
     float_eval = _json(folder / "eval-float" / "metrics.json")
     if float_eval is None:
-        sys.exit(f"no {folder / 'eval-float'}: run recipes/dq-bart-debian.sh first")
+        sys.exit(f"no {folder / 'eval-float'}: run recipes/{recipe} first")
+    return float_eval
+
+
+def _pairs_table(folder: Path, pairs: list[tuple[str, str]], rows: list[tuple[str, str]],
+                 keys: dict[str, str]) -> None:
+    """Rows tested against rows (the recipes' eval-A-vs-B): Δ and p per metric, for the pairs that were run."""
+    found = [(a, b, _json(folder / f"eval-{a}-vs-{b}" / "metrics.json")) for a, b in pairs]
+    if not any(m for _, _, m in found):
+        return
+    names = dict(rows)
+    print("\n| compared | " + " | ".join(f"Δ {label} (p)" for label in keys.values()) + " |\n|---|"
+          + "---|" * len(keys))
+    for a, b, m in found:
+        if m is not None:
+            print(f"| {names[a]} against {names[b]} | " + " | ".join(_delta_p(m, k) for k in keys) + " |")
+
+
+def dqbart(runs: Path, figures: Path) -> None:
+    folder = runs / "dq-bart"
+    float_eval = _float_eval(folder, "dq-bart-debian.sh")
     float_bytes = float_eval["efficiency"]["bytes_on_disk"]
     print("| W-E-A E-D | MB on disk | compression | MB at 2 bits/weight (paper's count) | compression | "
           "ROUGE-1 | ROUGE-2 | ROUGE-L | Δ R-1 vs float (p) | Δ R-2 (p) | Δ R-L (p) |")
@@ -191,14 +211,7 @@ def dqbart(runs: Path, figures: Path) -> None:
             points.append((key, stored, m["rougeL"]))
         else:  # the same size and nearly the same score: one point with both names, not two labels on top
             points[near] = (f"{points[near][0]} / {key}", stored, points[near][2])
-    pairs = [(a, b, _json(folder / f"eval-{a}-vs-{b}" / "metrics.json")) for a, b in DQ_PAIRS]
-    if any(m for _, _, m in pairs):
-        print("\n| compared | Δ R-1 (p) | Δ R-2 (p) | Δ R-L (p) |\n|---|---|---|---|")
-        names = dict(DQ_ROWS)
-        for a, b, m in pairs:
-            if m is not None:
-                ps = " | ".join(_delta_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
-                print(f"| {names[a]} against {names[b]} | {ps} |")
+    _pairs_table(folder, DQ_PAIRS, DQ_ROWS, {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L"})
     trends = [(f"{name}, {what}", _loss_windows(folder / key / "train_log.jsonl", term)) for key, name in DQ_ROWS
               for term, what in (("loss", "total"), ("kd_hidden", "hidden-state term"))]
     trends = [(name, windows) for name, windows in trends if windows]
@@ -233,9 +246,7 @@ def dqbart_mt(runs: Path, figures: Path) -> None:
     """DQ-BART Table 2 small (recipes/dq-bart-translation.sh): BLEU and chrF with intervals, each row against the
     float teacher, beside the paper's mBART rows."""
     folder = runs / "dq-bart"
-    float_eval = _json(folder / "eval-float" / "metrics.json")
-    if float_eval is None:
-        sys.exit(f"no {folder / 'eval-float'}: run recipes/dq-bart-translation.sh first")
+    float_eval = _float_eval(folder, "dq-bart-translation.sh")
     float_bytes = float_eval["efficiency"]["bytes_on_disk"]
     print("| W-E-A E-D | MB on disk | compression | BLEU | chrF | Δ BLEU vs float (p) | Δ chrF (p) | paper (E-D, size, "
           "BLEU) |")
@@ -252,13 +263,7 @@ def dqbart_mt(runs: Path, figures: Path) -> None:
               f"{_rouge(m, 'chrf')} | {_delta_p(m, 'bleu')} | {_delta_p(m, 'chrf')} | "
               f"{' / '.join(map(str, paper)) if paper else '–'} |")
         points.append((key, stored, m["bleu"]))
-    pairs = [(a, b, _json(folder / f"eval-{a}-vs-{b}" / "metrics.json")) for a, b in DQ_MT_PAIRS]
-    if any(m for _, _, m in pairs):
-        names = dict(DQ_MT_ROWS)
-        print("\n| compared | Δ BLEU (p) | Δ chrF (p) |\n|---|---|---|")
-        for a, b, m in pairs:
-            if m is not None:
-                print(f"| {names[a]} against {names[b]} | {_delta_p(m, 'bleu')} | {_delta_p(m, 'chrf')} |")
+    _pairs_table(folder, DQ_MT_PAIRS, DQ_MT_ROWS, {"bleu": "BLEU", "chrf": "chrF"})
     try:
         from modelshrink.figures import quality_vs_footprint
 

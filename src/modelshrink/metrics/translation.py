@@ -77,16 +77,15 @@ def paired_test(a: np.ndarray, b: np.ndarray, metric: str, method: str = "permut
     if a.shape != b.shape:
         raise ValueError(f"paired statistics need the same sentences, got {a.shape} and {b.shape}")
     scorer = _scorers()[metric]
-    observed = _score(scorer, a.sum(axis=0)) - _score(scorer, b.sum(axis=0))
+    total_a, total_b, diff = a.sum(axis=0), b.sum(axis=0), b - a
+    observed = _score(scorer, total_a) - _score(scorer, total_b)
     rng = np.random.default_rng(seed)
     n = a.shape[0]
     extreme = 0
     for _ in range(resamples):
         if method == "permutation":
-            swap = rng.random(n) < 0.5
-            first = a.sum(axis=0) + (b[swap] - a[swap]).sum(axis=0)
-            second = b.sum(axis=0) + (a[swap] - b[swap]).sum(axis=0)
-            stat = abs(_score(scorer, first) - _score(scorer, second))
+            moved = diff[rng.random(n) < 0.5].sum(axis=0)  # the swapped sentences' counts change sides
+            stat = abs(_score(scorer, total_a + moved) - _score(scorer, total_b - moved))
         else:
             idx = rng.integers(0, n, size=n)
             stat = abs(_score(scorer, a[idx].sum(axis=0)) - _score(scorer, b[idx].sum(axis=0)) - observed)
