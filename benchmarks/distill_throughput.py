@@ -36,7 +36,7 @@ from _report import publish
 
 
 def modelshrink_run(student: Path, teacher: Path, data: Path, work: Path, args, kd: bool) -> float:
-    from modelshrink.distill import DistillOptions, distill
+    from modelshrink.steps.distill import DistillOptions, distill
 
     extra = dict(teacher=str(teacher), kd_logits="mse", kd_hidden=1.0, kd_attention=1.0,
                  encoder_layers=6, decoder_layers=3) if kd else dict(student=str(student))
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
 
-    from modelshrink.distill import DistillOptions, distill
+    from modelshrink.steps.distill import DistillOptions, distill
     from modelshrink.quickstart import sample_path, warmstart_artifact
     from modelshrink.warmstart import packaged_minilm
 

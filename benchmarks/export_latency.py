@@ -45,7 +45,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from modelshrink.data import open_data
-    from modelshrink.export import export_model
+    from modelshrink.steps.export import export_model
     from modelshrink.generation import decode, generate_ids, resolve_generation
     from modelshrink.metrics import rouge
     from modelshrink.metrics.stats import paired_test

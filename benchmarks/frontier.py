@@ -97,11 +97,11 @@ def read_rows(path: Path, limit: int) -> list[dict]:
 
 def make_forms(args: argparse.Namespace, train: Path, log) -> dict[str, tuple[str, Path]]:
     """Every deployable form: name -> (kind, folder), made or reused."""
-    from modelshrink.distill import DistillOptions, distill
-    from modelshrink.export import ExportCheckFailed, ExportOptions, export_model
+    from modelshrink.steps.distill import DistillOptions, distill
+    from modelshrink.steps.export import ExportCheckFailed, ExportOptions, export_model
     from modelshrink.families import decoder_layer_count
     from modelshrink.models import load_config
-    from modelshrink.quantize import QuantizeOptions, quantize
+    from modelshrink.steps.quantize import QuantizeOptions, quantize
 
     work, teacher = args.work, Path(args.teacher)
     fewer = args.decoder_layers or max(1, decoder_layer_count(load_config(str(teacher), "teacher")) // 2)
@@ -148,7 +148,7 @@ def make_forms(args: argparse.Namespace, train: Path, log) -> dict[str, tuple[st
 
 def quality(forms: dict[str, tuple[str, Path]], validation: Path, args: argparse.Namespace, log) -> dict[str, dict]:
     """ROUGE with intervals of every form, each tested against the teacher (eval artifacts in --work)."""
-    from modelshrink.evaluate import evaluate
+    from modelshrink.steps.evaluate import evaluate
     from modelshrink.options.eval import EvalOptions
 
     results, reference = {}, args.work / "eval-teacher"
@@ -182,7 +182,7 @@ def against_pytorch(forms: dict[str, tuple[str, Path]], results: dict[str, dict]
     """Each exported form's ROUGE-L against its PyTorch form's, on the same documents: {name: {"rougeL", "ci95",
     "within"}}, `within` whether the export's ROUGE-L lies in the PyTorch form's 95% interval (each PyTorch model
     evaluated once, in eval-pytorch-N; the teacher's is the frontier's first row)."""
-    from modelshrink.evaluate import evaluate
+    from modelshrink.steps.evaluate import evaluate
     from modelshrink.options.eval import EvalOptions
 
     teacher = Path(forms[TEACHER][1]).resolve()

@@ -40,7 +40,7 @@ def folder_bytes(folder: Path) -> int:
 
 
 def export(model: Path, out: Path, data: Path, **flags) -> dict:
-    from modelshrink.export import ExportCheckFailed, export_model
+    from modelshrink.steps.export import ExportCheckFailed, export_model
     from modelshrink.options.export import ExportOptions
 
     start = time.perf_counter()
@@ -95,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers.utils import logging as hf_logging
 
-    from modelshrink.quantize import QuantizeOptions, quantize
+    from modelshrink.steps.quantize import QuantizeOptions, quantize
 
     hf_logging.disable_progress_bar()
 

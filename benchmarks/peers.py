@@ -102,7 +102,7 @@ def build_model(folder: Path, shape: dict, seed: int) -> None:
 
 def timed_export(model: Path, folder: Path, flag: str | None, data: Path, **more) -> dict:
     """`modelshrink export` (with its validation) into `folder`: seconds in all and in validation."""
-    from modelshrink.export import export_model
+    from modelshrink.steps.export import export_model
     from modelshrink.options.export import ExportOptions
 
     stamps: list[tuple[float, str]] = []

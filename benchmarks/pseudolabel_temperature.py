@@ -52,7 +52,7 @@ def main() -> None:
     if not DEBIAN.is_file():
         sys.exit(f"needs {DEBIAN} (../shared/data beside the project)")
 
-    from modelshrink.pseudolabel import PseudolabelOptions, pseudolabel
+    from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
     from modelshrink.quickstart import warmstart_artifact
     from modelshrink.warmstart import packaged_minilm
 

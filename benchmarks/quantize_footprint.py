@@ -41,9 +41,9 @@ def main() -> None:
         sys.exit(f"needs {DEBIAN}")
 
     from modelshrink.efficiency import parameter_count, weight_bytes
-    from modelshrink.evaluate import EvalOptions, evaluate
+    from modelshrink.steps.evaluate import EvalOptions, evaluate
     from modelshrink.models import load_seq2seq
-    from modelshrink.quantize import QuantizeOptions, quantize
+    from modelshrink.steps.quantize import QuantizeOptions, quantize
 
     work = Path(tempfile.mkdtemp(prefix="bench-quant-"))
     float_params = parameter_count(load_seq2seq(args.model)[0])

@@ -284,7 +284,7 @@ def peak_since(device: str, baseline: float) -> float | None:
 
 def gpu_pseudolabel(model: Path, out: Path, docs: int, dtype: str, args) -> tuple[float, float | None]:
     """docs/s of the generation loop and the run's peak GPU memory."""
-    from modelshrink.pseudolabel import PseudolabelOptions, pseudolabel
+    from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
 
     baseline = fresh_peak(args.device)
     options = PseudolabelOptions(teacher=str(model), data=str(args.data), limit=docs, num_beams=args.beams,
@@ -297,7 +297,7 @@ def gpu_pseudolabel(model: Path, out: Path, docs: int, dtype: str, args) -> tupl
 
 def gpu_distill(model: Path, out: Path, precision: str, checkpointing: bool, args) -> tuple[float, float | None]:
     """tokens/s over the timed steps and the run's peak GPU memory."""
-    from modelshrink.distill import DistillOptions, distill
+    from modelshrink.steps.distill import DistillOptions, distill
 
     baseline = fresh_peak(args.device)
     options = DistillOptions(data=str(args.data), student=str(model), max_steps=args.warmup + args.steps,

@@ -48,7 +48,7 @@ def sentences(n: int, work: Path) -> tuple[Path, str]:
 
 
 def run(data: Path, teacher: Path, out: Path, epochs: float, cache: bool) -> dict[str, float]:
-    from modelshrink.contrastive import ContrastiveOptions, contrastive
+    from modelshrink.steps.contrastive import ContrastiveOptions, contrastive
 
     started = time.perf_counter()
     contrastive(ContrastiveOptions(data=str(data), teacher=str(teacher), layers=3, epochs=epochs, batch_size=32,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,36 @@ def graph_nodes(graph) -> list:
         nodes.append(node)
         nodes += [n for a in node.attribute if a.g.node for n in graph_nodes(a.g)]
     return nodes
+
+
+# ---------------------------------------------------------------- trackers (--report-to)
+
+def train_log_lines(folder):
+    return [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines()]
+
+
+def train_log_scalars(log):
+    """{tag: {step: value}} of every scalar train_log.jsonl holds, as the trackers should have it."""
+    from modelshrink.tracking import scalars
+
+    out: dict[str, dict[int, float]] = {}
+    for entry in log:
+        for tag, value in scalars(entry).items():
+            out.setdefault(tag, {})[entry["step"]] = value
+    return out
+
+
+def tensorboard_scalars(folder):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+
+
+def assert_same_scalars(got, expected):
+    assert sorted(got) == sorted(expected)
+    for tag, values in expected.items():
+        assert sorted(got[tag]) == sorted(values), tag
+        for step, value in values.items():
+            assert math.isclose(got[tag][step], value, rel_tol=1e-6, abs_tol=1e-9), (tag, step, got[tag][step], value)

@@ -158,7 +158,7 @@ def _objective(student, **kw):
 
 
 def test_gradients_reach_student_and_predictor_not_teacher_or_storage():
-    from modelshrink.contrastive import make_loss
+    from modelshrink.steps.contrastive import make_loss
 
     teacher, student = _tiny(5, seed=0), _tiny(3, seed=1)
     objective = _objective(student).train()
@@ -175,7 +175,7 @@ def test_gradients_reach_student_and_predictor_not_teacher_or_storage():
 
 
 def test_each_switch_removes_exactly_its_term():
-    from modelshrink.contrastive import make_loss
+    from modelshrink.steps.contrastive import make_loss
 
     teacher = _tiny(5, seed=0)
     batch = _batch()
@@ -202,7 +202,7 @@ def test_each_switch_removes_exactly_its_term():
 
 
 def test_without_storage_negatives_come_from_the_batch_only():
-    from modelshrink.contrastive import make_loss
+    from modelshrink.steps.contrastive import make_loss
 
     teacher = _tiny(5, seed=0)
     batch = _batch()
@@ -226,7 +226,7 @@ def test_predictor_depth():
 
 
 def test_the_readings_reach_the_loss_the_objective_trains_on():
-    from modelshrink.contrastive import make_loss
+    from modelshrink.steps.contrastive import make_loss
 
     teacher, batch = _tiny(5, seed=0), _batch()
     batch["attention_mask"][1, 4:] = 0  # a padded sentence: the mean must skip its padding

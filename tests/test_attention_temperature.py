@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from modelshrink.errors import UserError
-from modelshrink.evaluate import EvalOptions, evaluate
+from modelshrink.steps.evaluate import EvalOptions, evaluate
 from modelshrink.plate import row_lambda
-from modelshrink.pseudolabel import PseudolabelOptions, pseudolabel
+from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
 
 from conftest import read_rows
 

@@ -53,7 +53,7 @@ def exported(plain_models, classifier_path, tmp_path_factory):
             return translator(model, root / model) if not (root / model).exists() else root / model
         if "-" not in model:
             return plain_models[model]
-        from modelshrink.quantize import QuantizeOptions, quantize
+        from modelshrink.steps.quantize import QuantizeOptions, quantize
 
         family, bits = model.split("-", 1)
         out = root / model

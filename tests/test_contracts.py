@@ -46,9 +46,9 @@ EXAMPLES = {
     "export": ExportOptions(model="runs/student", int8=True, per_channel=False, merge=False, opset=15),
     "quickstart": QuickstartOptions(teacher_steps=5, eval_docs=7, max_source_length=48),
 }
-LIBRARY = {"pseudolabel": ("modelshrink.pseudolabel", "pseudolabel"), "distill": ("modelshrink.distill", "distill"),
-           "quantize": ("modelshrink.quantize", "quantize"), "contrastive": ("modelshrink.contrastive", "contrastive"),
-           "eval": ("modelshrink.evaluate", "evaluate"), "export": ("modelshrink.export", "export_model"),
+LIBRARY = {"pseudolabel": ("modelshrink.steps.pseudolabel", "pseudolabel"), "distill": ("modelshrink.steps.distill", "distill"),
+           "quantize": ("modelshrink.steps.quantize", "quantize"), "contrastive": ("modelshrink.steps.contrastive", "contrastive"),
+           "eval": ("modelshrink.steps.evaluate", "evaluate"), "export": ("modelshrink.steps.export", "export_model"),
            "quickstart": ("modelshrink.quickstart", "run_quickstart")}
 
 
@@ -213,6 +213,35 @@ def test_every_model_card_opens_with_the_hubs_metadata_and_says_what_the_manifes
     assert (data["library_name"], data["pipeline_tag"], data["base_model"]) == ("onnxruntime", "summarization",
                                                                                str(folder))
     assert {"modelshrink", "onnx"} <= set(data["tags"])
+
+
+def test_eval_puts_its_scores_in_the_scored_models_model_index(runs, tmp_path):
+    """After `eval`, the model's card has a model-index with eval's own numbers, task and data (ModelCard reads it
+    back); the manifest, which pins every file but the card, is untouched and still verifies."""
+    from huggingface_hub import ModelCard
+
+    from modelshrink.artifacts import verify_files
+    from modelshrink.cards import RESULT_METRICS
+
+    for name, task in (("distill", "summarization"), ("contrastive", "text-classification")):
+        folder, _ = runs[name]
+        manifest = read_manifest(folder)
+        data = manifest["options"]["validation"]
+        for limit in ("4", "3"):  # the same data scored again replaces its entry
+            out = tmp_path / f"eval-{name}-{limit}"
+            result = runner.invoke(app, ["eval", str(folder), data, "-o", str(out), "--limit", limit,
+                                         "--latency-docs", "0", "--resamples", "100"])
+            assert result.exit_code == 0, result.output
+        metrics = json.loads((out / "metrics.json").read_text())
+        card = ModelCard.load(folder / "README.md")
+        expected = [(shown, metrics[key]) for key, (_, shown) in RESULT_METRICS.items() if key in metrics]
+        assert len(expected) >= 3 and [(r.metric_name, r.metric_value) for r in card.data.eval_results] == expected
+        for r in card.data.eval_results:
+            assert (r.task_type, r.dataset_type, r.dataset_name) == (task, Path(data).name, f"{Path(data).name} "
+                                                                     "(first 3 rows)"), r
+        index = card.data.to_dict()["model-index"]
+        assert index[0]["name"] == folder.name and card.data.to_dict()["library_name"] == "transformers"
+        assert read_manifest(folder) == manifest and verify_files(folder) == []
 
 
 def test_model_card_reproduce_line_is_its_own_step(runs, monkeypatch):

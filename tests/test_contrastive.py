@@ -139,7 +139,7 @@ def test_a_student_of_pretrained_layers_under_a_fresh_head(teacher, encoder, sen
 
 
 def test_resume_restores_predictors_and_storage_exactly(teacher, sentiment, tmp_path):
-    from modelshrink.contrastive import ContrastiveOptions, contrastive
+    from modelshrink.steps.contrastive import ContrastiveOptions, contrastive
 
     train, _ = sentiment
     kw = dict(data=str(train), teacher=str(teacher), layers=2, max_steps=8, save_every=4, log_every=1, lr=1e-3,
@@ -272,7 +272,7 @@ def _teacher_table(teacher, train, world_rank=None):
     """The cached-teacher table of the training sentences, as `contrastive` builds it."""
     from modelshrink import classify
     from modelshrink.ackd import feature_layer_pairs
-    from modelshrink.contrastive import teacher_outputs
+    from modelshrink.steps.contrastive import teacher_outputs
     from modelshrink.models import load_classifier
 
     model, tokenizer = load_classifier(str(teacher), "teacher")
@@ -300,7 +300,7 @@ def test_the_cached_teacher_table_is_the_teachers_output_for_each_sentence(teach
 
 
 def test_a_cached_teacher_trains_the_student_as_the_teacher_run_on_every_batch(teacher, sentiment, tmp_path):
-    from modelshrink.contrastive import ContrastiveOptions, contrastive
+    from modelshrink.steps.contrastive import ContrastiveOptions, contrastive
 
     kw = dict(data=str(sentiment[0]), teacher=str(teacher), layers=2, max_steps=8, log_every=1, lr=1e-3,
               batch_size=8, storage_size=20, gamma=0.05, device="cpu")

@@ -12,10 +12,11 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from conftest import DOCUMENTS, SUMMARIES, bert_tokenizer, launch_command, write_jsonl
+from conftest import (DOCUMENTS, SUMMARIES, assert_same_scalars, bert_tokenizer, launch_command, tensorboard_scalars,
+                      train_log_lines, train_log_scalars, write_jsonl)
 from modelshrink.artifacts import read_manifest, staging_path, verify_files
 from modelshrink.cli import app
-from modelshrink.distill import DistillOptions, distill
+from modelshrink.steps.distill import DistillOptions, distill
 from modelshrink.errors import UserError
 from modelshrink.train import TrainingDiverged
 
@@ -193,13 +194,18 @@ def test_two_process_accelerate_launch_writes_one_artifact(saved_models, pairs, 
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = launch_command(2, "distill", pairs, "-o", out, "--teacher", saved_models["bart"], "--decoder-layers", 1,
-                         "--max-steps", 4, "--batch-size", 2, "--kd-logits", "kl", "--device", "cpu")
+                         "--max-steps", 4, "--batch-size", 2, "--kd-logits", "kl", "--device", "cpu",
+                         "--report-to", "tensorboard")
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines() == [str(out)]  # one process prints the path
     manifest = read_manifest(out)
     assert manifest["resolved"]["processes"] == 2 and manifest["metrics"]["steps"] == 4
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".ddp", "ddp"))) == ["ddp"]
+    # only the main process reports: one run folder, its scalars those of the one train_log.jsonl
+    runs = {p.relative_to(out / "runs").parts[0] for p in (out / "runs").rglob("events.out.tfevents.*")}
+    assert runs == {"ddp"}
+    assert_same_scalars(tensorboard_scalars(out / "runs" / "ddp"), train_log_scalars(train_log_lines(out)))
 
 
 def test_token_budget_batches_respect_the_budget_and_cover_every_example():
@@ -216,7 +222,7 @@ def test_token_budget_batches_respect_the_budget_and_cover_every_example():
 
 
 def test_early_stopping_and_best_checkpoint(saved_models, pairs, tmp_path, monkeypatch):
-    import modelshrink.distill as d
+    import modelshrink.steps.distill as d
 
     scores = iter([5.0, 7.0, 6.0, 6.5, 9.0, 9.0])
 

@@ -11,7 +11,7 @@ from conftest import DOCUMENTS, SUMMARIES, write_jsonl
 from modelshrink.artifacts import read_manifest, staging_path
 from modelshrink.cli import app
 from modelshrink.errors import UserError
-from modelshrink.evaluate import EvalOptions, evaluate
+from modelshrink.steps.evaluate import EvalOptions, evaluate
 
 runner = CliRunner()
 
@@ -59,7 +59,7 @@ def test_an_eval_artifact_is_scored_again_from_its_predictions(saved_models, doc
 
 
 def test_pseudolabel_artifact_is_scored_summary_against_reference(saved_models, docs_jsonl, tmp_path):
-    from modelshrink.pseudolabel import PseudolabelOptions, pseudolabel
+    from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
 
     pl = pseudolabel(PseudolabelOptions(teacher=str(saved_models["t5"]), data=str(docs_jsonl), device="cpu"),
                      tmp_path / "pl")

@@ -13,7 +13,7 @@ import torch
 from conftest import DOCUMENTS, SUMMARIES, bart_tokenizer, write_jsonl
 from modelshrink.artifacts import read_manifest
 from modelshrink.errors import UserError
-from modelshrink.evaluate import EvalOptions, evaluate
+from modelshrink.steps.evaluate import EvalOptions, evaluate
 from modelshrink.metrics import translation
 
 # English -> German-like pairs: the "references" are the summaries, so any text pairs will do for scoring

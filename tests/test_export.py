@@ -184,7 +184,7 @@ def test_padded_source_positions_are_not_compared():
 
 
 def test_quantized_artifact_keeps_integer_weights(plain_models, tmp_path):
-    from modelshrink.quantize import QuantizeOptions, quantize
+    from modelshrink.steps.quantize import QuantizeOptions, quantize
 
     quantized = quantize(QuantizeOptions(model=str(plain_models["bart"]), bits="2-2-8", method="direct",
                                          device="cpu"), tmp_path / "q")

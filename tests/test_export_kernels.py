@@ -24,7 +24,7 @@ FAST = ["--samples", "3", "--generation-docs", "2"]
 
 
 def _quantized(model: Path, out: Path, bits: str) -> Path:
-    from modelshrink.quantize import QuantizeOptions, quantize
+    from modelshrink.steps.quantize import QuantizeOptions, quantize
 
     return quantize(QuantizeOptions(model=str(model), bits=bits, method="direct", device="cpu"), out)
 

@@ -24,7 +24,7 @@ FAST = ["--samples", "3", "--generation-docs", "2"]
 
 
 def _quantized(model: Path, out: Path, bits: str, granularity: str = "tensor") -> Path:
-    from modelshrink.quantize import QuantizeOptions, quantize
+    from modelshrink.steps.quantize import QuantizeOptions, quantize
 
     return quantize(QuantizeOptions(model=str(model), bits=bits, method="direct", granularity=granularity,
                                     device="cpu"), out)
@@ -228,7 +228,7 @@ def test_an_activation_clip_is_exported_and_passes_the_check(plain_models, tmp_p
     import onnx
     from onnx import numpy_helper
 
-    from modelshrink.quantize import QuantizeOptions, quantize
+    from modelshrink.steps.quantize import QuantizeOptions, quantize
 
     quantized = quantize(QuantizeOptions(model=str(plain_models["bart"]), bits="8-8-8", method="direct",
                                          activation_clip=2.5, device="cpu"), tmp_path / "q")

@@ -54,9 +54,9 @@ def test_a_new_family_is_one_row(monkeypatch, tmp_path):
 
     from conftest import DOCUMENTS, SUMMARIES, bart_tokenizer, write_jsonl
     from modelshrink import families
-    from modelshrink.distill import DistillOptions, distill
-    from modelshrink.export import ExportOptions, export_model
-    from modelshrink.quantize import QuantizeOptions, quantize
+    from modelshrink.steps.distill import DistillOptions, distill
+    from modelshrink.steps.export import ExportOptions, export_model
+    from modelshrink.steps.quantize import QuantizeOptions, quantize
 
     tok = bart_tokenizer()
     torch.manual_seed(0)

@@ -20,12 +20,12 @@ from toy_task import loss as _loss
 from conftest import DOCUMENTS, SUMMARIES, bart_tokenizer, bert_tokenizer, save_classifier, write_jsonl
 from modelshrink.artifacts import read_manifest, staging_path
 from modelshrink.cli import app
-from modelshrink.contrastive import ContrastiveOptions, contrastive
-from modelshrink.distill import DistillOptions, distill
+from modelshrink.steps.contrastive import ContrastiveOptions, contrastive
+from modelshrink.steps.distill import DistillOptions, distill
 from modelshrink.errors import UserError
 from modelshrink.options.train import TrainOptions
 from modelshrink.quant.model import WEIGHTS_NAME
-from modelshrink.quantize import QuantizeOptions, quantize
+from modelshrink.steps.quantize import QuantizeOptions, quantize
 from modelshrink.train import latest_checkpoint, train
 
 runner = CliRunner()

@@ -11,7 +11,7 @@ from conftest import DOCUMENTS, FAMILIES, read_rows
 from modelshrink.artifacts import read_manifest, staging_path, verify_files
 from modelshrink.errors import UserError
 from modelshrink.plate import row_lambda
-from modelshrink.pseudolabel import PseudolabelOptions, pseudolabel
+from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
 
 
 def _options(teacher, data, **kw):

@@ -20,7 +20,7 @@ from modelshrink.quant.model import WEIGHTS_NAME, load_quantized, save_quantized
 from modelshrink.quant.modules import quantize_model
 from modelshrink.quant.spec import parse_bits
 from modelshrink.quant.packing import packed_bytes
-from modelshrink.quantize import QuantizeOptions, nominal_bytes, quantize
+from modelshrink.steps.quantize import QuantizeOptions, nominal_bytes, quantize
 
 runner = CliRunner()
 
@@ -157,7 +157,7 @@ def _trained_tiny(tmp_path, pairs):
     """A tiny BART trained to near-zero loss on 16 pairs: the full-precision model to quantize."""
     from transformers import BartConfig, BartForConditionalGeneration
 
-    from modelshrink.distill import DistillOptions, distill
+    from modelshrink.steps.distill import DistillOptions, distill
 
     tok = bart_tokenizer()
     torch.manual_seed(0)

@@ -242,7 +242,7 @@ def test_a_full_disk_inside_a_library_is_one_line_too(saved_models, docs_jsonl, 
         raise RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
                            'message: "No space left on device" })')
 
-    monkeypatch.setattr("modelshrink.quantize.save_quantized", full)
+    monkeypatch.setattr("modelshrink.steps.quantize.save_quantized", full)
     result = invoke("quantize", saved_models["bart"], "-o", tmp_path / "q", "--method", "direct", "--bits", "8-8-8")
     one_line_error(result, "No space left on device", "Nothing was written.", mid_run=True)
     assert not staging_path(tmp_path / "q").exists()
@@ -288,7 +288,7 @@ def test_ctrl_c_in_a_step_without_resume_says_nothing_was_written(saved_models, 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("modelshrink.quantize.save_quantized", interrupted)
+    monkeypatch.setattr("modelshrink.steps.quantize.save_quantized", interrupted)
     result = invoke("quantize", saved_models["bart"], "-o", tmp_path / "q", "--method", "direct")
     assert result.exit_code == 130
     assert result.stderr.strip().splitlines()[-1] == "Interrupted. Nothing was written."

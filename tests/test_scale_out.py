@@ -19,11 +19,11 @@ from conftest import DOCUMENTS, SUMMARIES, free_port, launch_command, read_rows,
 from modelshrink.artifacts import read_manifest, staging_path
 from modelshrink.cli import app
 from modelshrink.errors import UserError
-from modelshrink.evaluate import evaluate
+from modelshrink.steps.evaluate import evaluate
 from modelshrink.generation import plan_batches
 from modelshrink.options.eval import EvalOptions
 from modelshrink.options.pseudolabel import PseudolabelOptions
-from modelshrink.pseudolabel import pseudolabel
+from modelshrink.steps.pseudolabel import pseudolabel
 
 runner = CliRunner()
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

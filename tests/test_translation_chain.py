@@ -11,11 +11,11 @@ from conftest import DOCUMENTS, SUMMARIES, TRANSLATORS, translator, write_jsonl
 
 @pytest.mark.parametrize("family", sorted(TRANSLATORS))
 def test_a_translator_goes_through_the_chain(family, tmp_path):
-    from modelshrink.distill import DistillOptions, distill
-    from modelshrink.evaluate import EvalOptions, evaluate
-    from modelshrink.export import ExportOptions, export_model
-    from modelshrink.pseudolabel import PseudolabelOptions, pseudolabel
-    from modelshrink.quantize import QuantizeOptions, quantize
+    from modelshrink.steps.distill import DistillOptions, distill
+    from modelshrink.steps.evaluate import EvalOptions, evaluate
+    from modelshrink.steps.export import ExportOptions, export_model
+    from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
+    from modelshrink.steps.quantize import QuantizeOptions, quantize
 
     teacher = translator(family, tmp_path / "teacher")
     pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"id": str(i), "source": s, "target": t}
@@ -45,7 +45,7 @@ def test_a_translator_goes_through_the_chain(family, tmp_path):
 def test_a_translator_is_validated_and_kept_by_bleu(tmp_path):
     import json
 
-    from modelshrink.distill import DistillOptions, distill
+    from modelshrink.steps.distill import DistillOptions, distill
 
     teacher = translator("marian", tmp_path / "teacher")
     pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"id": str(i), "source": s, "target": t}

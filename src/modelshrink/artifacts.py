@@ -30,6 +30,7 @@ from modelshrink.errors import UserError
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "modelshrink.json"
+CARD_NAME = "README.md"  # the model card: not pinned by the manifest, eval adds its results to it
 
 
 def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
@@ -128,10 +129,11 @@ def write_manifest(
     metrics: dict[str, Any] | None = None,
     resolved: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    # every file but the manifest and the model card, which eval annotates with its results (cards.add_results)
     files = {
         str(p.relative_to(folder)): sha256_file(p)
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != MANIFEST_NAME
+        if p.is_file() and p.name != MANIFEST_NAME and p.relative_to(folder) != Path(CARD_NAME)
     }
     manifest = {
         "schema_version": SCHEMA_VERSION,

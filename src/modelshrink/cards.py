@@ -6,6 +6,11 @@ from what the manifest records (the step, its options, the model's config): `lib
 (summarization, translation or text-classification), `base_model` (the teacher, warm start, student or model
 the step started from, as given), `tags` (modelshrink, the step's method) and `datasets` where the data is a
 hub dataset name rather than a local path.
+
+Once `eval` has scored a model artifact, `add_results` writes a `model-index` into the card's metadata: the
+metrics (ROUGE, BLEU and chrF, or the classifier's), the task and the data they were measured on, one entry
+a (task, data, split), replaced when the same data is scored again. The card is the one file of an artifact
+that a later step writes, which is why the manifest pins every file but README.md.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from modelshrink.artifacts import CARD_NAME
+
 # model types that only translate; mBART and the others are told apart by their data (source/target pairs)
 TRANSLATION_TYPES = ("marian", "m2m_100")
 METHOD_TAGS = {"distill": ["distillation"], "quantize": ["quantization", "dq-bart"],
@@ -21,6 +28,11 @@ METHOD_TAGS = {"distill": ["distillation"], "quantize": ["quantization", "dq-bar
                "warmstart": ["warm-start"]}
 # where each step's model came from, in order of preference
 BASE_OPTIONS = ("teacher", "init_encoder_decoder", "student", "model")
+# eval's metric keys -> (the Hub's metric type, its display name)
+RESULT_METRICS = {"rouge1": ("rouge", "ROUGE-1"), "rouge2": ("rouge", "ROUGE-2"), "rougeL": ("rouge", "ROUGE-L"),
+                  "rougeLsum": ("rouge", "ROUGE-Lsum"), "bleu": ("sacrebleu", "BLEU"), "chrf": ("chrf", "chrF"),
+                  "accuracy": ("accuracy", "Accuracy"), "f1": ("f1", "F1"), "mcc": ("matthews_correlation", "MCC"),
+                  "pearson": ("pearsonr", "Pearson"), "spearman": ("spearmanr", "Spearman")}
 
 
 def _pipeline_tag(config: dict[str, Any], options: dict[str, Any]) -> str:
@@ -88,3 +100,37 @@ def commit_model(writer: Any, *, step: str, options: dict[str, Any], parents: li
     open_card(writer.staging, step, options)
     return writer.commit(step=step, kind="model", options=options, parents=parents, metrics=metrics,
                          resolved=resolved)
+
+
+def _dataset_id(data: str) -> str:
+    """A hub dataset's name as given; a local file or folder by its name (the Hub needs some id)."""
+    path = Path(data)
+    return path.name if path.exists() else data
+
+
+def add_results(folder: Path, *, task: str, data: str, split: str | None, metrics: dict[str, Any],
+                limit: int | None = None) -> bool:
+    """Put eval's `metrics` of the model in `folder` on `data` (its first `limit` rows, where given) into its card's
+    `model-index`, replacing an earlier entry for the same task, data and split. False where the folder has no
+    card with front matter."""
+    from huggingface_hub import EvalResult, ModelCard
+
+    path = Path(folder) / CARD_NAME
+    if not path.is_file() or not path.read_text(encoding="utf-8").startswith("---\n"):
+        return False
+    card = ModelCard.load(path)
+    pipeline = task if task in ("summarization", "translation") else "text-classification"
+    dataset = _dataset_id(data)
+    kept = [r for r in card.data.eval_results or []
+            if (r.task_type, r.dataset_type, r.dataset_split) != (pipeline, dataset, split)]
+    described = dataset if limit is None else f"{dataset} (first {limit} rows)"
+    new = [EvalResult(task_type=pipeline, dataset_type=dataset, dataset_name=described, dataset_split=split,
+                      metric_type=kind, metric_name=shown, metric_value=metrics[key])
+           for key, (kind, shown) in RESULT_METRICS.items()
+           if isinstance(metrics.get(key), (int, float)) and not isinstance(metrics.get(key), bool)]
+    if not new:
+        return False
+    card.data.eval_results = kept + new
+    card.data.model_name = card.data.model_name or Path(folder).resolve().name
+    card.save(path)
+    return True

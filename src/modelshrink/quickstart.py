@@ -58,11 +58,11 @@ def run_quickstart(budget: QuickstartOptions | None, output: str | Path, *, over
                    log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Run the chain into `output` (a folder of artifacts); returns the comparison."""
     from modelshrink.compare import compare
-    from modelshrink.distill import DistillOptions, distill
-    from modelshrink.evaluate import EvalOptions, evaluate
-    from modelshrink.pseudolabel import PseudolabelOptions, pseudolabel
+    from modelshrink.steps.distill import DistillOptions, distill
+    from modelshrink.steps.evaluate import EvalOptions, evaluate
+    from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
     from modelshrink.options.quantize import QuantizeOptions
-    from modelshrink.quantize import quantize
+    from modelshrink.steps.quantize import quantize
 
     budget = budget or QuickstartOptions()
     output = check_output(output, overwrite)
@@ -129,7 +129,7 @@ def deploy_best(systems: list[tuple[str, Path]], comparison: dict[str, Any], out
     import sys
 
     from modelshrink.errors import CheckFailed
-    from modelshrink.export import export_model
+    from modelshrink.steps.export import export_model
     from modelshrink.options.export import ExportOptions
 
     scored = [(row.get("rouge1") or 0.0, -(row.get("bytes_on_disk") or 0), name, path)

@@ -23,12 +23,13 @@ from typing import Any, Callable
 # A resumed run may extend its budget or change how often it logs, validates and saves, and how
 # many checkpoints it keeps. Gradient checkpointing changes memory and time, not results.
 MAY_CHANGE_ON_RESUME = ("max_steps", "epochs", "eval_every", "save_every", "save_total_limit", "log_every", "device",
-                        "early_stopping", "gradient_checkpointing")
+                        "early_stopping", "gradient_checkpointing", "report_to", "tracking_dir")
 
 
 # Options that say where and how a run goes, not what it makes: a finished artifact asked to resume with
 # other values of these is still the artifact that was asked for.
-NO_EFFECT_ON_RESULT = ("device", "save_every", "save_total_limit", "log_every", "gradient_checkpointing")
+NO_EFFECT_ON_RESULT = ("device", "save_every", "save_total_limit", "log_every", "gradient_checkpointing", "report_to",
+                       "tracking_dir")
 
 
 def finished(output: str | Path, *, overwrite: bool, resume: bool, log: Callable[[str], None],
@@ -77,11 +78,12 @@ def parent_refs(*roles: tuple[str, str | None]) -> list[dict[str, Any]]:
     return [parent_ref(role, spec) for role, spec in roles if spec]
 
 
-def start_run(output: Path, device: str, *, overwrite: bool, resume: bool,
-              precision: str = "fp32") -> tuple[Any, Any]:
+def start_run(output: Path, device: str, *, overwrite: bool, resume: bool, precision: str = "fp32",
+              trackers: tuple[str, ...] = (), tracking_dir: str | None = None) -> tuple[Any, Any]:
     """The accelerator and the artifact writer of a step that trains, once every process has
     checked the output (before the main one creates the staging folder). `device` is the resolved
-    one; a precision it cannot run (fp16 on a CPU) is refused here, before anything is written."""
+    one; a precision it cannot run (fp16 on a CPU) is refused here, before anything is written, and
+    so are `trackers` that cannot start (`tracking.preflight`)."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
     from accelerate.utils import DistributedDataParallelKwargs
@@ -89,7 +91,10 @@ def start_run(output: Path, device: str, *, overwrite: bool, resume: bool,
     from modelshrink.artifacts import ArtifactWriter
     from modelshrink.precision import check_precision
 
+    from modelshrink.tracking import preflight
+
     check_precision(precision, device)
+    preflight(trackers, Path(tracking_dir) if tracking_dir else None)
     mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[precision]
     # AcceleratorState is one per process and refuses to change its mixed precision; a process that
     # runs several steps (quickstart, the tests) starts it again. PartialState, which holds the

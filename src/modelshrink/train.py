@@ -140,6 +140,7 @@ class _Log:
     def __init__(self, path: Path, main: bool):
         self.path, self.main = path, main
         self.window_tokens, self.window_start = 0, time.perf_counter()
+        self.trackers: Any = None  # --report-to's (tracking.Trackers): every line written goes to them too
 
     def start(self, resumed_at: int | None) -> None:
         if not self.main or not self.path.exists():
@@ -162,6 +163,8 @@ class _Log:
         if self.main:
             with open(self.path, "a") as f:
                 f.write(json.dumps(entry) + "\n")
+            if self.trackers is not None:
+                self.trackers.log(entry)
 
     def step(self, state: TrainState, tokens: int, parts: dict[str, float], lr: float, batches: int,
              every: int, total: int, progress: Callable[[dict[str, Any]], None] | None) -> None:
@@ -261,9 +264,11 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
           loss_fn: LossFn, options: TrainOptions, workdir: Path, *, accelerator: Any,
           validate: ValidateFn | None = None, save_best: Callable[[Any, Path], None] | None = None,
           resume: bool = False, progress: Callable[[dict[str, Any]], None] | None = None,
-          log: Callable[[str], None] = lambda m: None) -> TrainResult:
+          log: Callable[[str], None] = lambda m: None, hparams: dict[str, Any] | None = None) -> TrainResult:
     """Train `model` in place; returns what happened. `examples` carry `length` (tokens) for batching.
-    `save_best(model, folder)` is called on the main process whenever validation improves."""
+    `save_best(model, folder)` is called on the main process whenever validation improves. With
+    `options.report_to`, the main process's trackers get every train_log.jsonl line and `hparams` (the
+    step's recorded options; the training options where not given)."""
     main, world = accelerator.is_main_process, accelerator.num_processes
     lengths = [e["length"] for e in examples]
     per_epoch = len(make_batches(lengths, options, 0)) // world // options.grad_accum
@@ -298,6 +303,41 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
     if validation and main:  # drop the bests a killed run saved after its last checkpoint
         validation.checkpointed(state)
 
+    train_log.trackers = _start_trackers(options, workdir, hparams, checkpoint is not None, state.step, main, log)
+    try:
+        _loop(ddp, stepper, optimizer, scheduler, state, examples, lengths, collate, loss_fn, options, workdir,
+              accelerator, validation, train_log, total, progress)
+    finally:
+        if train_log.trackers is not None:
+            train_log.trackers.finish()
+    epochs = round(state.epoch + state.batch_in_epoch / max(1, per_epoch * options.grad_accum), 4)
+    return TrainResult(steps=state.step, epochs=epochs, train_tokens=state.tokens, seconds=round(state.seconds, 3),
+                       tokens_per_second=round(state.tokens / state.seconds, 1) if state.seconds > 0 else 0.0,
+                       final_loss=state.last_loss, best=state.best,
+                       validation=state.best["metrics"] if state.best else None)
+
+
+def _start_trackers(options: TrainOptions, workdir: Path, hparams: dict[str, Any] | None, resumed: bool, step: int,
+                    main: bool, log: Callable[[str], None]) -> Any:
+    """--report-to's trackers on the main process (None elsewhere, or without --report-to), named after the
+    artifact (its staging folder `.NAME.partial` is `workdir`)."""
+    if not (main and options.trackers):
+        return None
+    from modelshrink.tracking import Trackers
+
+    name = workdir.name
+    name = name[1:-len(".partial")] if name.startswith(".") and name.endswith(".partial") else name
+    folder = Path(options.tracking_dir) if options.tracking_dir else workdir / "runs"
+    return Trackers(options.trackers, folder, name, hparams if hparams is not None else options.recorded(),
+                    resumed_at=step if resumed else None, warn=log)
+
+
+def _loop(ddp: Any, stepper: Any, optimizer: Any, scheduler: Any, state: TrainState, examples: list[dict[str, Any]],
+          lengths: list[int], collate: Callable, loss_fn: LossFn, options: TrainOptions, workdir: Path, accelerator: Any,
+          validation: _Validation | None, train_log: _Log, total: int,
+          progress: Callable[[dict[str, Any]], None] | None) -> None:
+    """The steps from `state` to `total` (or an early stop), then the final validation; `state` records them."""
+    main = accelerator.is_main_process
     started = time.perf_counter() - state.seconds
     train_log.window_start = time.perf_counter()
     # A checkpoint written where early stopping stopped the run (then killed before its output was
@@ -340,13 +380,7 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
             state.batch_in_epoch = 0
     if validation and not stopped_early and state.last_eval_step != state.step:
         validation(ddp, state)  # the final weights are a candidate too
-
-    seconds = time.perf_counter() - started
-    epochs = round(state.epoch + state.batch_in_epoch / max(1, per_epoch * options.grad_accum), 4)
-    return TrainResult(steps=state.step, epochs=epochs, train_tokens=state.tokens, seconds=round(seconds, 3),
-                       tokens_per_second=round(state.tokens / seconds, 1) if seconds > 0 else 0.0,
-                       final_loss=state.last_loss, best=state.best,
-                       validation=state.best["metrics"] if state.best else None)
+    state.seconds = time.perf_counter() - started
 
 
 def _diverged_message(state: TrainState, workdir: Path) -> str:

@@ -48,7 +48,7 @@ def contrastive_command(options: ContrastiveOptions, output, resume: bool, overw
     Writes a classifier artifact (`save_pretrained` folder with tokenizer) with train_log.jsonl,
     validation.json, a model card README.md and modelshrink.json.
     """
-    from modelshrink.contrastive import contrastive
+    from modelshrink.steps.contrastive import contrastive
 
     main = os.environ.get("RANK", "0") == "0"
     with handle_errors(output), DocsProgress(quiet) as bars:

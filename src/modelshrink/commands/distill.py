@@ -50,7 +50,7 @@ def distill_command(options: DistillOptions, output, resume: bool, overwrite: bo
     Writes a model artifact (`save_pretrained` folder with tokenizer and generation config) with
     train_log.jsonl, validation.json, a model card README.md and modelshrink.json.
     """
-    from modelshrink.distill import distill
+    from modelshrink.steps.distill import distill
 
     main = os.environ.get("RANK", "0") == "0"
     with handle_errors(output), DocsProgress(quiet) as bars:

@@ -113,7 +113,7 @@ def eval_command(values: dict[str, Any], inputs: list[str], output: Path, json_o
     Writes an eval artifact: metrics.json, predictions.jsonl (with per-document scores) and
     modelshrink.json. stdout carries the output path, or the metrics with --json.
     """
-    from modelshrink.evaluate import evaluate
+    from modelshrink.steps.evaluate import evaluate
 
     with handle_errors(output):
         if compare:

@@ -48,7 +48,7 @@ def export_command(options: ExportOptions, output: Path, overwrite: bool, quiet:
     """Export a model to ONNX (Optimum's file layout, or transformers.js's with --layout), validate it against PyTorch, and write a folder
     that runs with onnxruntime, tokenizers and numpy alone (`modelshrink run`, `modelshrink.runtime`).
     """
-    from modelshrink.export import export_model
+    from modelshrink.steps.export import export_model
 
     with handle_errors(output):
         path, _ = export_model(options, output, overwrite=overwrite, log=(lambda m: None) if quiet else log)

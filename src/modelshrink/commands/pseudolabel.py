@@ -36,7 +36,7 @@ def pseudolabel(options: PseudolabelOptions, output, resume: bool, overwrite: bo
     `modelshrink distill` directly. The temperature is folded into the query projections, so a
     fixed λ costs nothing at run time; the teacher on disk is never changed.
     """
-    from modelshrink.pseudolabel import pseudolabel as run
+    from modelshrink.steps.pseudolabel import pseudolabel as run
 
     with handle_errors(output), DocsProgress(quiet) as bars:
         path = run(options, output, overwrite=overwrite, resume=resume, progress=bars.task("pseudolabel"), log=log)

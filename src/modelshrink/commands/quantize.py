@@ -34,7 +34,7 @@ def quantize_command(options: QuantizeOptions, output, resume: bool, overwrite: 
     The artifact holds int8 / 4-bit / ternary (1.6 bits per weight) integers with their scales, and
     reports parameters, bytes on disk and the compression ratio against the float32 model.
     """
-    from modelshrink.quantize import quantize
+    from modelshrink.steps.quantize import quantize
 
     main = os.environ.get("RANK", "0") == "0"
     with handle_errors(output), DocsProgress(quiet) as bars:

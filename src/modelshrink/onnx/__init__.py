@@ -12,5 +12,5 @@
   each weight gets, measured on this machine;
 - `layout`: the folder as a client loads it (Optimum's names, transformers.js's onnx/ folder);
 - `validate`: outputs and generated tokens against PyTorch.
-`modelshrink.export` is the step that runs them. Inside this package `import onnx` is the onnx project's package.
+`modelshrink.steps.export` is the step that runs them. Inside this package `import onnx` is the onnx project's package.
 """

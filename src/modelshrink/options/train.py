@@ -13,6 +13,7 @@ SPLITS = "a folder of split files, a datasets folder or a hub dataset"
 OPT = "Optimization"
 VAL = "Validation"
 SPEED = "Precision and memory"
+TRACK = "Experiment tracking"
 
 
 # what only a run with --validation reads (a step's options may add --eval-limit)
@@ -50,16 +51,35 @@ class TrainOptions(Options):
                          choices=PRECISIONS)
     gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass: less memory, about a "
                                               "third more time.", panel=SPEED)
+    report_to: str = opt("none", "Send train_log.jsonl's numbers and the options to trackers: tensorboard, wandb, "
+                                 "mlflow (comma-separated) or none. Offline, into the artifact's runs/ (wandb "
+                                 "offline unless WANDB_MODE=online; MLflow's file store unless "
+                                 "MLFLOW_TRACKING_URI is set).", panel=TRACK, metavar="TRACKERS")
+    tracking_dir: str | None = opt(None, "Where the trackers write. [default: the artifact's runs/]", panel=TRACK,
+                                   metavar="DIR")
 
     def check(self) -> None:
+        from modelshrink.tracking import check_installed, parse_report_to
+
         if self.max_steps is None and self.epochs is None:
             raise UserError("give a budget: --max-steps N or --epochs N")
+        check_installed(parse_report_to(self.report_to))
+        if self.tracking_dir is not None and not self.trackers:
+            raise UserError("--tracking-dir goes with --report-to, which this run does not have: add --report-to "
+                            "tensorboard (or wandb, mlflow) or leave it out")
         if hasattr(self, "validation") and getattr(self, "validation") is None:
             ignored = self.given(VALIDATION_ONLY)
             if ignored:
                 raise UserError(f"{', '.join(ignored)} {'goes' if len(ignored) == 1 else 'go'} with --validation, "
                                 "which this run does not have: add --validation DATA or leave "
                                 f"{'it' if len(ignored) == 1 else 'them'} out")
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """--report-to's trackers (() for none)."""
+        from modelshrink.tracking import parse_report_to
+
+        return parse_report_to(self.report_to)
 
     def train_options(self) -> "TrainOptions":
         """The TrainOptions part of a step's options (which extend these)."""

@@ -357,5 +357,14 @@ def _clean_up(text: str) -> str:
 
 def load(folder: str | os.PathLike, threads: int | None = None, spin: bool = False) -> ExportedModel:
     """An export folder in onnxruntime sessions with `threads` intra-op threads each (default: the usable
-    cores); `spin=True` lets their threads busy-wait between runs (onnxruntime's default, slower here)."""
+    cores); `spin=True` lets their threads busy-wait between runs (onnxruntime's default, slower here).
+    Torch-free; `modelshrink.load` is this function, and `modelshrink run` its command line.
+
+    Example::
+
+        import modelshrink   # or, with no torch installed: from modelshrink.runtime import load
+
+        model = modelshrink.load("student-onnx")
+        print(model.summarize(["a long document ..."], batch_size=16))
+    """
     return ExportedModel(folder, threads, spin)

@@ -238,7 +238,18 @@ def with_cached_teacher(collate: Callable[[list[dict[str, Any]]], dict[str, Any]
 def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,
                 progress: Callable[[dict[str, Any]], None] | None = None,
                 log: Callable[[str], None] = lambda m: None) -> Path:
-    """Train the student (ACKD, or fine-tuning without a teacher) and write a classifier artifact."""
+    """Train the student (ACKD, or fine-tuning without a teacher) and write a classifier artifact; returns its
+    path. The function behind `modelshrink contrastive`.
+
+    Example::
+
+        import modelshrink
+        from modelshrink import ContrastiveOptions
+
+        # a 3-layer student copied from the fine-tuned teacher, trained by full ACKD
+        student = modelshrink.contrastive(ContrastiveOptions(data="sentences.jsonl", teacher="classifier", layers=3,
+                                                             epochs=3), "student-3l")
+    """
     from modelshrink import classify
     from modelshrink.models import resolve_device, save_model, source_length, task_of
 
@@ -246,7 +257,8 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     if finished(output, overwrite=overwrite, resume=resume, log=log, recorded=options.recorded()):
         return output
     accelerator, writer = start_run(output, resolve_device(options.device), overwrite=overwrite, resume=resume,
-                                    precision=options.precision)
+                                    precision=options.precision,
+                                    trackers=options.trackers, tracking_dir=options.tracking_dir)
     main = accelerator.is_main_process
 
     built = build_models(options, log)
@@ -309,7 +321,7 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     result = train(objective, examples, collate, loss_fn,
                    options.train_options(), staging, accelerator=accelerator,
                    validate=(lambda model: check(model.student)) if check else None, save_best=save_best_with(save),
-                   resume=resume, progress=progress, log=log)
+                   resume=resume, progress=progress, log=log, hparams=options.recorded())
     objective = accelerator.unwrap_model(objective)
     if not main:
         return output

@@ -32,7 +32,17 @@ ProgressFn = Callable[[int, int], None]  # (documents done, documents in total)
 def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,
                 progress: ProgressFn | None = None, log: Callable[[str], None] | None = None) -> Path:
     """Run the teacher over the data and write a dataset artifact; returns its path (on every process;
-    only the main one writes it)."""
+    only the main one writes it). The function behind `modelshrink pseudolabel`.
+
+    Example::
+
+        import modelshrink
+        from modelshrink import PseudolabelOptions
+
+        # PLATE labels: the teacher's attention at temperature λ = 2, beam 4
+        labels = modelshrink.pseudolabel(PseudolabelOptions(teacher="teacher", data="docs.jsonl", lam=2.0,
+                                                            num_beams=4), "labels")
+    """
     log = log or (lambda message: None)
     output = Path(output)
     if (output / "data.jsonl").is_file() and finished(output, overwrite=overwrite, resume=resume, log=log,

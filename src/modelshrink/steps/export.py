@@ -156,7 +156,17 @@ def _kernel_counts(counts: dict[str, int]) -> str:
 def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool = False,
                  log: LogFn = lambda m: None) -> tuple[Path, dict[str, Any]]:
     """Write the export folder; returns (path, report). A failed check raises `ExportCheckFailed`
-    after the folder and its report are written."""
+    after the folder and its report are written. The function behind `modelshrink export` (as
+    `modelshrink.export`).
+
+    Example::
+
+        import modelshrink
+        from modelshrink import ExportOptions
+
+        folder, report = modelshrink.export(ExportOptions(model="student", int8=True), "student-onnx")
+        print(report["validation"]["max_abs_diff"], modelshrink.load(folder).summarize(["a long document ..."]))
+    """
     from modelshrink.models import source_length
 
     writer = ArtifactWriter(output, overwrite=overwrite)

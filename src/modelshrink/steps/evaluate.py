@@ -70,7 +70,19 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
 
     With a model, under `accelerate launch` or `torchrun`, every process generates (or predicts)
     its share; the main process scores and writes the artifact, the others return (path, {}).
-    With a model an interrupted run keeps what it generated, and `resume` continues it."""
+    With a model an interrupted run keeps what it generated, and `resume` continues it. The function behind
+    `modelshrink eval`.
+
+    Example::
+
+        import modelshrink
+        from modelshrink import EvalOptions
+
+        # ROUGE with 95% intervals, size and latency, and a paired test against the teacher's evaluation
+        path, metrics = modelshrink.evaluate(EvalOptions(model="student", data="valid.jsonl", against="eval-teacher"),
+                                             "eval-student")
+        print(metrics["rougeL"], metrics["ci95"]["rougeL"], metrics["against"])
+    """
     from modelshrink import shards
     from modelshrink.efficiency import weight_bytes
     from modelshrink.precision import check_precision
@@ -124,6 +136,7 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
         (staging / RUN_FILE).unlink(missing_ok=True)
         path = writer.commit(step="eval", kind="eval", options=options.recorded(), parents=parents,
                              metrics=_headline(metrics), resolved=resolved)
+        _add_to_card(options, task, metrics, log)
     except BaseException:
         if launch.main and not shards.has_rows(staging):  # keep only what --resume can continue
             shutil.rmtree(staging, ignore_errors=True)
@@ -198,6 +211,20 @@ def _generate_and_score(options: EvalOptions, task: str, source: Any, staging: P
     if "generation" in extra:
         metrics["settings"]["generation"] = extra["generation"]
     return rows, metrics, efficiency, resolved
+
+
+def _add_to_card(options: EvalOptions, task: str, metrics: dict[str, Any], log: LogFn) -> None:
+    """The scored model's card (a modelshrink model artifact's or export's) gets these scores in its model-index."""
+    from modelshrink.cards import add_results
+
+    if options.model is None or (read_manifest(options.model) or {}).get("kind") != "model":
+        return
+    try:
+        if add_results(Path(options.model), task=task, data=options.data, split=options.split, metrics=metrics,
+                       limit=options.limit):
+            log(f"{Path(options.model) / 'README.md'}: its model-index has these scores on {options.data}")
+    except OSError as e:  # a read-only model folder: the evaluation itself is written
+        log(f"warning: could not add the scores to {options.model}'s model card ({e.strerror or e})")
 
 
 def _headline(metrics: dict[str, Any]) -> dict[str, Any]:

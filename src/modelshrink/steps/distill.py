@@ -226,8 +226,10 @@ def read_pairs_for(options: DistillOptions) -> tuple[list[Any], list[Any] | None
 
 def train_seq2seq(options: DistillOptions, built: dict[str, Any], rows: list[Any], validation_rows: list[Any] | None,
                   max_source_length: int, staging: Path, accelerator: Any, save: Callable[[Any, Path], None], *,
-                  resume: bool, progress: Any, log: Callable[[str], None]) -> tuple[Any, TrainResult]:
-    """Train `built["student"]` on the pairs with distill's losses; returns the trained student and the result."""
+                  resume: bool, progress: Any, log: Callable[[str], None],
+                  hparams: dict[str, Any] | None = None) -> tuple[Any, TrainResult]:
+    """Train `built["student"]` on the pairs with distill's losses; returns the trained student and the result.
+    `hparams` are what the trackers record as the run's options (quantize's own; `options.recorded()` by default)."""
     teacher, student, tokenizer = built["teacher"], built["student"], built["tokenizer"]
     attention_kernel = student.config._attn_implementation
     if options.kd_attention > 0:  # fused attention kernels do not return attention weights
@@ -243,7 +245,8 @@ def train_seq2seq(options: DistillOptions, built: dict[str, Any], rows: list[Any
                 if validation_rows else None)
     result = train(student, tokenized, make_collate(tokenizer.pad_token_id), make_loss(options, teacher, built["maps"]),
                    options.train_options(), staging, accelerator=accelerator, validate=validate,
-                   save_best=save_best_with(save), resume=resume, progress=progress, log=log)
+                   save_best=save_best_with(save), resume=resume, progress=progress, log=log,
+                   hparams=hparams if hparams is not None else options.recorded())
     student = accelerator.unwrap_model(student)
     student.set_attn_implementation(attention_kernel)
     return student, result
@@ -254,14 +257,26 @@ def train_seq2seq(options: DistillOptions, built: dict[str, Any], rows: list[Any
 def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,
             progress: Callable[[dict[str, Any]], None] | None = None,
             log: Callable[[str], None] = lambda m: None) -> Path:
-    """Build the student, train it, and write a model artifact; returns its path."""
+    """Build the student, train it, and write a model artifact; returns its path. The function behind
+    `modelshrink distill`.
+
+    Example::
+
+        import modelshrink
+        from modelshrink import DistillOptions
+
+        # a 12-3 student (decoder layers 0, 6, 11 of the teacher) on PLATE labels, validated by ROUGE-2
+        student = modelshrink.distill(DistillOptions(data="labels", teacher="teacher", decoder_layers=3, epochs=3,
+                                                     validation="valid.jsonl", eval_every=500), "student")
+    """
     from modelshrink.models import resolve_device, save_model, source_length
 
     output = Path(output)
     if finished(output, overwrite=overwrite, resume=resume, log=log, recorded=options.recorded()):
         return output
     device = resolve_device(options.device)
-    accelerator, writer = start_run(output, device, overwrite=overwrite, resume=resume, precision=options.precision)
+    accelerator, writer = start_run(output, device, overwrite=overwrite, resume=resume, precision=options.precision,
+                                    trackers=options.trackers, tracking_dir=options.tracking_dir)
     rows, validation_rows = read_pairs_for(options)
     built = build_student(options, device, log)
     student, tokenizer = built["student"], built["tokenizer"]

@@ -94,7 +94,18 @@ def _check_model(options: QuantizeOptions) -> str:
 def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,
              progress: Callable[[dict[str, Any]], None] | None = None,
              log: Callable[[str], None] = lambda m: None) -> Path:
-    """Quantize `options.model` (directly, or by distillation-aware training) into an artifact; returns its path."""
+    """Quantize `options.model` (directly, or by distillation-aware training) into an artifact; returns its path.
+    The function behind `modelshrink quantize`.
+
+    Example::
+
+        import modelshrink
+        from modelshrink import QuantizeOptions
+
+        # DQ-BART 2-2-8: ternary weights and embeddings, 8-bit activations, the float model teaching
+        small = modelshrink.quantize(QuantizeOptions(model="student", bits="2-2-8", data="labels", epochs=3),
+                                     "student-228")
+    """
     kind = _check_model(options)
     if options.method == "direct":
         return quantize_direct(options, output, kind, overwrite=overwrite, resume=resume, log=log)
@@ -159,15 +170,16 @@ def distillation_settings(options: QuantizeOptions) -> DistillOptions:
 def quantize_seq2seq(options: QuantizeOptions, output: str | Path, *, overwrite: bool, resume: bool,
                      progress: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None]) -> Path:
     """Distillation-aware quantization of a seq2seq model (optionally shrunk at the same time)."""
-    from modelshrink import distill
     from modelshrink.models import resolve_device, source_length
+    from modelshrink.steps import distill
 
     settings = distillation_settings(options)
     output = Path(output)
     if finished(output, overwrite=overwrite, resume=resume, log=log, recorded=options.recorded()):
         return output
     device = resolve_device(options.device)
-    accelerator, writer = start_run(output, device, overwrite=overwrite, resume=resume, precision=options.precision)
+    accelerator, writer = start_run(output, device, overwrite=overwrite, resume=resume, precision=options.precision,
+                                    trackers=options.trackers, tracking_dir=options.tracking_dir)
     rows, validation_rows = distill.read_pairs_for(settings)
     built = distill.build_student(settings, device, log)
     student, tokenizer = built["student"], built["tokenizer"]
@@ -186,7 +198,8 @@ def quantize_seq2seq(options: QuantizeOptions, output: str | Path, *, overwrite:
     result = None
     if options.max_steps != 0:
         student, result = distill.train_seq2seq(settings, built, rows, validation_rows, max_source_length, staging,
-                                                accelerator, save, resume=resume, progress=progress, log=log)
+                                                accelerator, save, resume=resume, progress=progress, log=log,
+                                                hparams=options.recorded())
     if not accelerator.is_main_process:
         return output
 
@@ -233,7 +246,8 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
         return output
     spec = options.spec
     accelerator, writer = start_run(output, resolve_device(options.device), overwrite=overwrite, resume=resume,
-                                    precision=options.precision)
+                                    precision=options.precision,
+                                    trackers=options.trackers, tracking_dir=options.tracking_dir)
     teacher, teacher_tok = load_classifier(options.teacher or options.model, "teacher", options.trust_remote_code,
                                            "cpu", allow_pickle=options.allow_pickle)
     student, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, "cpu",
@@ -275,7 +289,8 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
                    train_options, staging, accelerator=accelerator,
                    validate=classify.make_validate(validation, tokenizer, train_options.batch_size,
                                                    accelerator.device, max_length) if validation else None,
-                   save_best=save_best_with(save), resume=resume, progress=progress, log=log)
+                   save_best=save_best_with(save), resume=resume, progress=progress, log=log,
+                   hparams=options.recorded())
     student = accelerator.unwrap_model(student)
     if not accelerator.is_main_process:
         return output
