@@ -139,3 +139,67 @@ def test_a_marian_model_translates_source_rows_and_is_scored(tmp_path):
     assert [r["reference"] for r in rows] == TARGETS[:6] and [r["document"] for r in rows] == SOURCES[:6]
     assert metrics["settings"]["generation"]["num_beams"] == 2 and "efficiency" in metrics
     assert np.isfinite(metrics["chrf"])
+
+
+def _many_to_many(folder, forced: str | None = None):
+    """A tiny mBART whose tokenizer has three language codes and whose config forces `forced` (or none)."""
+    from transformers import MBartConfig, MBartForConditionalGeneration
+
+    tok = bart_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["de_DE", "en_XX", "fr_XX"]})
+    torch.manual_seed(0)
+    model = MBartForConditionalGeneration(MBartConfig(
+        vocab_size=len(tok), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=80,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        decoder_start_token_id=tok.eos_token_id, forced_eos_token_id=None))
+    model.generation_config.num_beams, model.generation_config.max_length = 1, 8
+    model.generation_config.forced_bos_token_id = tok.convert_tokens_to_ids(forced) if forced else None
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_a_many_to_many_translator_writes_the_language_asked_for(tmp_path):
+    """--target-lang de finds de_DE, forces it first (the output is what a model configured for de_DE writes),
+    and is recorded; pseudolabel takes it the same way."""
+    from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
+
+    data = write_jsonl(tmp_path / "ende.jsonl", [{"id": f"s{i}", "source": s, "target": t}
+                                                 for i, (s, t) in enumerate(zip(SOURCES[:4], TARGETS[:4]))])
+    free, fixed = _many_to_many(tmp_path / "m2m"), _many_to_many(tmp_path / "m2m-de", forced="de_DE")
+    common = dict(data=str(data), latency_docs=0, resamples=100, device="cpu")
+    path, _ = evaluate(EvalOptions(model=str(free), target_lang="de", **common), tmp_path / "eval-de")
+    reference, _ = evaluate(EvalOptions(model=str(fixed), **common), tmp_path / "eval-fixed")
+    predictions = [json.loads(line)["prediction"] for line in (path / "predictions.jsonl").read_text().splitlines()]
+    assert predictions == [json.loads(line)["prediction"]
+                           for line in (reference / "predictions.jsonl").read_text().splitlines()]
+    assert read_manifest(path)["resolved"]["generation"]["target_language"] == "de_DE"
+    assert read_manifest(reference)["resolved"]["generation"]["target_language"] == "de_DE"  # the config's own
+    _, other = evaluate(EvalOptions(model=str(free), target_lang="fr_XX", **common), tmp_path / "eval-fr")
+    assert other["settings"]["generation"]["target_language"] == "fr_XX"
+    labels = pseudolabel(PseudolabelOptions(teacher=str(free), data=str(data), target_lang="de", device="cpu"),
+                         tmp_path / "labels")
+    assert [json.loads(line)["summary"] for line in (labels / "data.jsonl").read_text().splitlines()] == predictions
+
+
+def test_a_translator_without_its_language_or_with_an_unknown_one_is_one_line(tmp_path):
+    from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
+
+    data = write_jsonl(tmp_path / "ende.jsonl", [{"id": "s0", "source": SOURCES[0], "target": TARGETS[0]}])
+    free = _many_to_many(tmp_path / "m2m")
+    with pytest.raises(UserError, match=r"model .*m2m translates into 3 languages and its generation config names "
+                                        r"none: pass --target-lang \(one of de_DE, en_XX, fr_XX\)"):
+        evaluate(EvalOptions(model=str(free), data=str(data), device="cpu"), tmp_path / "a")
+    with pytest.raises(UserError, match=r"--target-lang xx is not a language of teacher .*m2m's tokenizer; its "
+                                        r"codes: de_DE, en_XX, fr_XX"):
+        pseudolabel(PseudolabelOptions(teacher=str(free), data=str(data), target_lang="xx", device="cpu"),
+                    tmp_path / "b")
+    marian = tmp_path / "marian"
+    from conftest import translator
+
+    translator("marian", marian)
+    with pytest.raises(UserError, match="--target-lang de: teacher .*marian has no language codes"):
+        pseudolabel(PseudolabelOptions(teacher=str(marian), data=str(data), target_lang="de", device="cpu"),
+                    tmp_path / "c")
+    assert not any((tmp_path / x).exists() for x in "abc")

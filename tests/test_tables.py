@@ -75,3 +75,43 @@ def test_dqbart_mt_rows_bleu_chrf_and_the_papers_table_2(tmp_path):
            "-40.00 (< 0.001*) | 12-12 / 4.0x / 0.01 |" in out
     assert "| 8-8-8 6-6, distillation-aware against 8-8-8 6-6, direct | +28.50 (< 0.001*) | +30.00 (< 0.001*) |" in out
     assert "2-2-8 6-6" not in out.split("| compared")[0]  # rows without an evaluation are left out
+
+
+def _quickstart_table():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("quickstart_table", TABLES.parent / "quickstart_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readmes_quickstart_table_is_the_recorded_runs():
+    result = subprocess.run([sys.executable, str(TABLES.parent / "quickstart_table.py"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_quickstart_summary_is_recorded_and_rewrites_the_table(tmp_path, monkeypatch):
+    qt = _quickstart_table()
+    readme, record = tmp_path / "README.md", tmp_path / "quickstart.json"
+    readme.write_text(f"intro\n{qt.START}\n| old |\n{qt.END}\nafter\n")
+    monkeypatch.setattr(qt, "README", readme)
+    monkeypatch.setattr(qt, "RECORD", record)
+    systems = [{"name": "eval-teacher", "rouge1": 14.004, "rouge2": 2.0, "rougeL": 13.5, "p_vs_first": {},
+                "length_words": 7.04, "parameters": 49_012_345, "bytes_on_disk": 196_140_000, "latency_ms_p50": 763.6},
+               {"name": "eval-student-lambda2-2-2-8", "rouge1": 11.26, "rouge2": 0.31, "rougeL": 11.09,
+                "p_vs_first": {"rouge1": 0.01, "rouge2": 0.2, "rougeL": 0.049}, "length_words": 6.66,
+                "parameters": 39_500_000, "bytes_on_disk": 10_010_000, "latency_ms_p50": None}]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"comparison": {"systems": systems}}))
+    assert qt.main([str(run)]) == 0
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith(f"{qt.END}\nafter\n")
+    lines = qt.readme_table(text).splitlines()
+    assert lines[2] == "| teacher (bert2bert 6-6) | 14.00 | 2.00 | 13.50 | 7.0 | 49.0 M | 196.1 | 764 ms |"
+    assert lines[3] == "| λ = 2 student, 2-2-8 | 11.26* | 0.31 | 11.09* | 6.7 | 39.5 M | 10.0 | – |"
+    assert qt.main(["--check"]) == 0
+    readme.write_text(text.replace("11.26*", "11.53*"))  # a table edited by hand no longer passes
+    assert qt.main(["--check"]) == 1

@@ -203,9 +203,11 @@ class LanguagePairs(DataSource):
             yield number, {**rest, "source": pair[self.source_lang], "target": pair[self.target_lang]}
 
 
-def language_pairs(source: DataSource, source_lang: str | None, target_lang: str | None) -> DataSource:
+def language_pairs(source: DataSource, source_lang: str | None, target_lang: str | None,
+                   with_model: bool = False) -> DataSource:
     """`source` itself, or its nested translation rows read as source/target columns: with --source-lang and
-    --target-lang, or refused in one line when the rows are nested and the languages are not given."""
+    --target-lang, or refused in one line when the rows are nested and the languages are not given. With a model
+    (`with_model`), --target-lang alone over flat rows picks the language a multilingual model writes."""
     nested = TRANSLATION in source.columns
     if source_lang is None and target_lang is None:
         if nested:
@@ -214,6 +216,8 @@ def language_pairs(source: DataSource, source_lang: str | None, target_lang: str
             raise UserError(f"{source.name} holds translation rows ({langs}): choose the pair with --source-lang "
                             "and --target-lang")
         return source
+    if not nested and source_lang is None and with_model:
+        return source  # --target-lang alone: the language a multilingual model translates into (modelshrink.languages)
     if source_lang is None or target_lang is None:
         raise UserError("--source-lang and --target-lang go together")
     if not nested:

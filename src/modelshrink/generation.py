@@ -26,6 +26,7 @@ class GenerationSettings:
     top_p: float = 1.0
     top_k: int = 0
     output_temperature: float | None = None
+    target_language: str | None = None  # a multilingual translator's code forced first (modelshrink.languages)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

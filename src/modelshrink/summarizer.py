@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 from modelshrink import shards
 from modelshrink.attention_stats import AttentionRecorder
 from modelshrink.generation import decode, generate_ids, plan_batches, resolve_generation, sample_seed
+from modelshrink.languages import target_language
 from modelshrink.models import load_seq2seq, source_length
 from modelshrink.plate import attention_temperature, batch_lambdas, lambdas_of
 from modelshrink.precision import torch_dtype
@@ -39,6 +40,9 @@ class Summarizer:
             no_repeat_ngram_size=options.no_repeat_ngram_size, do_sample=getattr(options, "do_sample", False),
             top_p=getattr(options, "top_p", None), top_k=getattr(options, "top_k", None),
             output_temperature=getattr(options, "output_temperature", None))
+        self.settings.target_language = target_language(
+            self.model, self.tokenizer, getattr(options, "target_lang", None), f"{role} {spec}",
+            names_rows=getattr(options, "source_lang", None) is not None)
         self.max_source_length = source_length(options.max_source_length, self.tokenizer, self.model.config)
         self.lambdas = lambdas_of(options)
         self.recorder = AttentionRecorder(options.attention_stats, options.attention_plot, staging, self.tokenizer)

@@ -54,7 +54,10 @@ class EvalOptions(TemperatureOptions):
                                  panel=COLS)
     source_lang: str | None = opt(None, "Translation rows nested as {\"translation\": {LANG: text}}: the source "
                                         "language's key (with --target-lang).", panel=COLS)
-    target_lang: str | None = opt(None, "Nested translation rows: the target language's key.", panel=COLS)
+    target_lang: str | None = opt(None, "Nested translation rows: the target language's key. Also the language a "
+                                        "multilingual translator (mBART-50, M2M100, NLLB) writes: a code of its "
+                                        "tokenizer or its language (de -> de_DE, __de__); alone over flat rows too.",
+                                  panel=COLS)
     label_column: str | None = opt(None, "Classifiers: the label column. [default: label]", panel=COLS)
     text_pair_column: str | None = opt(None, "Classifiers: second sentence of a pair.", panel=COLS)
     id_column: str | None = opt(None, "Row id column. [default: id, else the row number]", panel=COLS)

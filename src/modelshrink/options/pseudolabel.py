@@ -29,6 +29,9 @@ class PseudolabelOptions(TemperatureOptions):
                           panel=BASE)
     top_p: float | None = opt(None, "Nucleus sampling mass (with --do-sample).", panel=BASE, above=0, max=1)
     top_k: int | None = opt(None, "Top-k sampling (with --do-sample).", panel=BASE, min=0)
+    target_lang: str | None = opt(None, "Multilingual translators (mBART-50, M2M100, NLLB): the language to translate "
+                                        "into, a code of the tokenizer or its language (de -> de_DE, __de__). "
+                                        "[default: the one the model's generation config forces]", panel=GEN)
     split: str | None = opt(None, f"Split of {SPLITS}.", panel=DATA)
     text_column: str | None = opt(None, "Document column. [default: auto: document/summary, article/highlights, "
                                         "dialogue/summary, text/summary]", panel=DATA)

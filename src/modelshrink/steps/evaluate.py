@@ -37,6 +37,7 @@ SUMMARIZATION_OPTIONS = {"limited_length_recall": False, "attention_stats": Fals
                          "reference_column": None, "references": None, "lam": None, "lambda_enc": None,
                          "lambda_dec": None, "lambda_cross": None, "lambda_range": None}
 CLASSIFICATION_OPTIONS = {"label_column": None, "text_pair_column": None}
+TRANSLATION_OPTIONS = {"source_lang": None, "target_lang": None}  # generated text's languages
 TEXT_TASKS = ("summarization", "translation")  # generated text, scored against references
 SUMMARY_ONLY = {"limited_length_recall": False}
 
@@ -45,12 +46,13 @@ def _check_task_options(task: str, options: EvalOptions, what: str) -> None:
     """A classifier given summarization options, or the reverse, is a mistake worth one line."""
     if task not in TEXT_TASKS and options.task != "auto":
         raise UserError(f"--task {options.task} scores generated text, but {what} is a {task} task")
-    wrong = SUMMARIZATION_OPTIONS if task not in TEXT_TASKS else CLASSIFICATION_OPTIONS
+    wrong = {**SUMMARIZATION_OPTIONS, **TRANSLATION_OPTIONS} if task not in TEXT_TASKS else CLASSIFICATION_OPTIONS
     if task == "translation":
         wrong = {**wrong, **SUMMARY_ONLY}
     for name, default in wrong.items():
         if getattr(options, name) != default:
-            kind = "summarization" if task != "summarization" else "classification"
+            kind = ("translation" if name in TRANSLATION_OPTIONS else
+                    "summarization" if task != "summarization" else "classification")
             flag = "--lambda" if name == "lam" else f"--{name.replace('_', '-')}"
             raise UserError(f"{flag} applies to {kind}, but {what} is a {task} task")
 
@@ -103,7 +105,8 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
         raise UserError("--resume continues generating with a model; scoring a predictions file starts over")
     if resume and writer.staging.is_dir():
         shards.check_parts(writer.staging, launch.world)
-    source = language_pairs(open_data(options.data, options.split), options.source_lang, options.target_lang)
+    source = language_pairs(open_data(options.data, options.split), options.source_lang, options.target_lang,
+                            with_model=options.model is not None)
     if not source.columns:
         raise UserError(f"data {options.data} has no rows")
     task, parents = _task_and_parents(options, source)

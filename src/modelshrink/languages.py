@@ -1,0 +1,68 @@
+"""The target language of a multilingual translator (mBART-50, M2M100, NLLB): which code starts its output.
+
+Their tokenizers hold one special token per language (mBART `de_DE`, M2M100 `__de__`, NLLB `deu_Latn`), and the
+model writes the language whose code it is made to generate first (`forced_bos_token_id`; an mBART fine-tuned on
+one pair may start from the code instead, as its `decoder_start_token_id`). A model whose config fixes neither
+would write whatever language its first step favours, so `--target-lang` names one (the code, or its language
+part: `de` finds `de_DE` or `__de__`), and a model that needs one and has none is refused in one line. Models
+with one target language (Marian, BART, T5) have no codes and need nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from modelshrink.errors import UserError
+
+# mBART `de_DE` / `en_XX`, M2M100 `__de__`, NLLB `deu_Latn`
+CODE = re.compile(r"^(__[a-z]{2,3}(_[A-Za-z]+)?__|[a-z]{2,3}_[A-Z]{2}|[a-z]{2,3}_[A-Z][a-z]{3})$")
+
+
+def language_codes(tokenizer: Any) -> dict[str, int]:
+    """The tokenizer's language codes and their token ids (empty for a model of one target language)."""
+    names = set(getattr(tokenizer, "lang_code_to_id", None) or {})
+    names |= {t for t in getattr(tokenizer, "all_special_tokens", []) if isinstance(t, str) and CODE.match(t)}
+    return {name: tokenizer.convert_tokens_to_ids(name) for name in sorted(names)}
+
+
+def find_code(codes: dict[str, int], wanted: str) -> str | None:
+    """`wanted` as one of `codes`: itself, or the one code of that language (`de` -> `de_DE` or `__de__`)."""
+    if wanted in codes:
+        return wanted
+    found = [c for c in codes if c == f"__{wanted}__" or c.startswith(f"{wanted}_")]
+    return found[0] if len(found) == 1 else None
+
+
+def _examples(codes: dict[str, int]) -> str:
+    shown = list(codes)[:12]
+    return ", ".join(shown) + (f" ... ({len(codes)} in all)" if len(codes) > len(shown) else "")
+
+
+def target_language(model: Any, tokenizer: Any, target_lang: str | None, what: str,
+                    names_rows: bool = False) -> str | None:
+    """Make `model` generate into `target_lang` (forcing its code first) and return the code it will start with;
+    None for a model of one target language. A UserError names what is missing or unknown. `names_rows`: the
+    value also picks the target side of nested translation rows (eval), so a model without codes is fine."""
+    codes = language_codes(tokenizer)
+    config = model.generation_config
+    if target_lang is not None:
+        if not codes and names_rows:
+            return None
+        if not codes:
+            raise UserError(f"--target-lang {target_lang}: {what} has no language codes (it translates into one "
+                            "language); leave --target-lang out")
+        code = find_code(codes, target_lang)
+        if code is None:
+            raise UserError(f"--target-lang {target_lang} is not a language of {what}'s tokenizer; its codes: "
+                            f"{_examples(codes)}")
+        config.forced_bos_token_id = codes[code]
+        return code
+    by_id = {i: c for c, i in codes.items()}
+    for token in (config.forced_bos_token_id, getattr(model.config, "decoder_start_token_id", None)):
+        if token in by_id:
+            return by_id[token]
+    if len(codes) > 1 and config.forced_bos_token_id is None:
+        raise UserError(f"{what} translates into {len(codes)} languages and its generation config names none: "
+                        f"pass --target-lang (one of {_examples(codes)})")
+    return None
