@@ -142,3 +142,31 @@ def test_a_tracker_that_fails_mid_run_warns_once_and_the_run_finishes(saved_mode
     assert warnings == ["warning: --report-to tensorboard failed at step 1 (OSError: disk full); training goes on "
                         "without it"]
     assert read_manifest(out)["metrics"]["steps"] == 4
+
+
+@pytest.mark.parametrize("step", ["quantize", "contrastive"])
+def test_quantize_and_contrastive_report_their_own_options_and_log(step, saved_models, classifier_path, pairs, tmp_path,
+                                                                   monkeypatch):
+    """The other two training steps through the same loop: TensorBoard's scalars are their train_log.jsonl, and
+    MLflow's parameters are the step's own options (quantize's --bits, contrastive's --beta)."""
+    from modelshrink import ContrastiveOptions, QuantizeOptions, contrastive, quantize
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    common = dict(max_steps=3, log_every=1, device="cpu", report_to="tensorboard,mlflow")
+    if step == "quantize":
+        out = quantize(QuantizeOptions(model=str(saved_models["bart"]), data=str(pairs), bits="4-4-8", batch_size=4,
+                                       **common), tmp_path / "q")
+        own = ("bits", "4-4-8")
+    else:
+        sentences = write_jsonl(tmp_path / "s.jsonl", [{"id": i, "sentence": d, "label": i % 2}
+                                                       for i, d in enumerate(DOCUMENTS)])
+        out = contrastive(ContrastiveOptions(data=str(sentences), teacher=str(classifier_path), layers=1, batch_size=4,
+                                             feature_map="copied", beta=40.0, **common), tmp_path / "c")
+        own = ("beta", "40.0")
+    expected = train_log_scalars(train_log_lines(out))
+    assert len(expected["train/loss"]) == 3
+    assert_same_scalars(tensorboard_scalars(out / "runs" / out.name), expected)
+    run, history = _mlflow_run(out / "runs")
+    assert_same_scalars(history, expected)
+    assert run.data.params[own[0]] == own[1]
