@@ -9,6 +9,7 @@ import json
 import shlex
 import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -17,7 +18,8 @@ from conftest import DOCUMENTS, SUMMARIES, save_classifier, bert_tokenizer, writ
 from modelshrink.artifacts import read_manifest, sha256_file
 from modelshrink.cli import app
 from modelshrink.commands._from_options import OPTIONS_OF
-from modelshrink.options import flag_of, spec_of, to_toml
+from modelshrink.errors import UserError
+from modelshrink.options import flag_of, key_of, spec_of, to_toml
 from modelshrink.options.contrastive import ContrastiveOptions
 from modelshrink.options.distill import DistillOptions
 from modelshrink.options.eval import EvalOptions
@@ -381,3 +383,70 @@ def test_every_option_is_read_by_the_library_or_refused_by_its_own_checks():
     assert _unread_options(library, checks) == {step: [] for step in EXAMPLES}
     # and the walk can fail: a field nobody reads is found
     assert _unread_options(library - {"lr"}, checks - {"lr"})["distill"] == ["lr"]
+
+
+def _other_value(f: dataclasses.Field, hint: Any) -> Any:
+    """A value of field `f` other than its default, inside its declared range and choices."""
+    spec = spec_of(f)
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    inner = typing.get_args(hint)[0] if type(None) in typing.get_args(hint) else hint
+    if spec.choices is not None:
+        return next(c for c in spec.choices if c != default)
+    if f.name == "report_to":
+        return "tensorboard"
+    if inner is bool:
+        return not default if default is not None else True
+    if typing.get_origin(inner) is list:
+        return [0, 1]
+    if typing.get_origin(inner) is tuple:
+        return (1.0, 1.5)
+    if inner in (int, float):
+        low = spec.min if spec.min is not None else (spec.above if spec.above is not None else 0)
+        high = spec.max if spec.max is not None else (spec.below if spec.below is not None else None)
+        start = default if default is not None else low
+        for value in (start + 1, (start + high) / 2 if high is not None else None, (low + start) / 2):
+            if value is None or (inner is int and value != int(value)):
+                continue
+            if value != default and value > low and (high is None or value < high):
+                return inner(value)
+        raise AssertionError(f"no other value for {f.name}")
+    return "x.jsonl"
+
+
+# the fields each step needs to run at all (positional arguments, a training budget)
+_BASES = {"pseudolabel": dict(teacher="t", data="d.jsonl"), "distill": dict(data="d.jsonl", teacher="t", max_steps=1),
+          "quantize": dict(model="m", data="d.jsonl", max_steps=1),
+          "contrastive": dict(data="d.jsonl", teacher="t", layers=1, max_steps=1), "eval": dict(model="m", data="d.jsonl"),
+          "export": dict(model="m"), "quickstart": dict()}
+
+
+@pytest.mark.parametrize("step", sorted(EXAMPLES))
+def test_every_option_away_from_its_default_is_recorded_and_replayed_or_refused_in_one_line(step, tmp_path,
+                                                                                            monkeypatch):
+    """The dynamic half of "no option silently does nothing", option by option: each field set alone to another
+    value (in its range and choices) is either refused in one line, or recorded (the manifest's options and
+    recipe differ from the default run's) and given back by the Reproduce line through the command line. The
+    static test above shows the library reads every one."""
+    cls = OPTIONS_OF[step]
+    hints = typing.get_type_hints(cls)
+    base = cls(**_BASES[step])
+    refused, kept = [], []
+    for f in dataclasses.fields(cls):
+        if spec_of(f).argument or f.name in _BASES[step]:
+            continue
+        value = _other_value(f, hints[f.name])
+        try:
+            options = cls(**{**_BASES[step], f.name: value})
+        except UserError as e:
+            assert "\n" not in str(e) and str(e), (step, f.name, str(e))
+            refused.append(f.name)
+            continue
+        assert options.recorded() != base.recorded() and options.recorded()[key_of(f)] is not None, (step, f.name)
+        words = shlex.split(options.replay(tmp_path / "out"))
+        assert flag_of(f) in words or f"--no-{flag_of(f)[2:]}" in words, (step, f.name, words)
+        assert _parsed(monkeypatch, words[1:]) == options, (step, f.name)
+        kept.append(f.name)
+    assert kept, step  # the walk reached the step's options
+    # a combination an option needs is refused rather than ignored, e.g. --eval-every without --validation
+    if step in ("distill", "quantize", "contrastive"):
+        assert {"eval_every", "early_stopping", "tracking_dir"} <= set(refused) and "report_to" in kept, refused
