@@ -232,6 +232,24 @@ def test_transformers_js_generates_a_padded_batch_as_the_runtime(transformers_js
         assert len(batch) == 2 and _unpadded(batch, settings.pad_token_id) == _unpadded(ours, settings.pad_token_id)
 
 
+def test_transformers_js_has_no_beam_search_yet(transformers_js, exported):
+    """Why the client tests compare greedy searches only: transformers.js 4.3 takes num_beams but keeps the first
+    candidate of each step ("TODO: Support beam search" in its generation loop, src/models/modeling_utils.js), so
+    num_beams 4 gives its greedy tokens, while the runtime's beam 4 (PyTorch's, tests/test_runtime.py) differs.
+    When a release searches beams, this fails: then its beam-4 tokens get compared with the runtime's."""
+    from modelshrink.runtime import load
+
+    folder = exported("bart", "transformers.js")
+    beam = {"num_beams": 4, "max_length": 12}
+    got = _node(transformers_js, folder, {"documents": DOCS, "searches": [SEARCHES[0], beam]})
+    assert got["generated"][1] == got["generated"][0]  # beam 4 == greedy in transformers.js
+    runtime = load(folder)
+    encoded = [runtime.encode([doc]) for doc in DOCS]
+    ours = [runtime.generate_ids(e["input_ids"], e["attention_mask"], runtime.settings(**beam)).tolist()[0]
+            for e in encoded]
+    assert ours != got["generated"][1]  # the runtime's beam search finds other tokens on these documents
+
+
 def test_transformers_js_runs_8_bit_quantize_artifacts_as_they_are(transformers_js, exported):
     # their 8-bit codes are unpacked by constant nodes that onnxruntime folds when it loads the graph (not
     # DequantizeLinear: onnxruntime's QDQ rewrite, Node 1.30 as Python 1.32, failed to load those with

@@ -4,7 +4,7 @@
 //
 // request: {"documents": [...], "searches": [generate() options, ...]}, optionally "session_options" (onnxruntime's)
 // and "batch": true. A seq2seq folder prints {"input_ids": [ids of each document], "generated": [[ids of each
-// document] for each search]}, greedy, one document at a time; with "batch", also "batch_generated": [[ids of each
+// document] for each search]}, one document at a time (greedy unless a search sets num_beams); with "batch", also "batch_generated": [[ids of each
 // document] for each search], the documents generated together as one padded batch. A classifier prints
 // {"logits": [logits of each document]}.
 import { readFileSync } from 'node:fs';
@@ -34,7 +34,7 @@ if (config.is_encoder_decoder) {
     for (const search of request.searches) {
         const rows = [];
         for (const e of encoded) {
-            const out = await model.generate({ ...e, ...search, num_beams: 1, do_sample: false });
+            const out = await model.generate({ ...e, num_beams: 1, do_sample: false, ...search });
             rows.push(out.tolist()[0].map(Number));
         }
         result.generated.push(rows);
@@ -43,7 +43,7 @@ if (config.is_encoder_decoder) {
         const padded = await tokenizer(request.documents, { padding: true });
         result.batch_generated = [];
         for (const search of request.searches) {
-            const out = await model.generate({ ...padded, ...search, num_beams: 1, do_sample: false });
+            const out = await model.generate({ ...padded, num_beams: 1, do_sample: false, ...search });
             result.batch_generated.push(out.tolist().map((row) => row.map(Number)));
         }
     }
