@@ -244,6 +244,19 @@ def test_eval_puts_its_scores_in_the_scored_models_model_index(runs, tmp_path):
         index = card.data.to_dict()["model-index"]
         assert index[0]["name"] == folder.name and card.data.to_dict()["library_name"] == "transformers"
         assert read_manifest(folder) == manifest and verify_files(folder) == []
+    # an artifact of an earlier version, whose manifest pins its card, keeps the card as it is
+    import shutil
+
+    old = tmp_path / "earlier"
+    shutil.copytree(runs["distill"][0], old)
+    manifest = read_manifest(old)
+    manifest["files"]["README.md"] = sha256_file(old / "README.md")
+    (old / "modelshrink.json").write_text(json.dumps(manifest))
+    before = (old / "README.md").read_text()
+    result = runner.invoke(app, ["eval", str(old), manifest["options"]["validation"], "-o", str(tmp_path / "e-old"),
+                                 "--limit", "2", "--latency-docs", "0", "--resamples", "100"])
+    assert result.exit_code == 0 and "pins its model card" in result.output, result.output
+    assert (old / "README.md").read_text() == before and verify_files(old) == []
 
 
 def test_model_card_reproduce_line_is_its_own_step(runs, monkeypatch):

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from modelshrink.artifacts import RUN_FILE, ArtifactWriter, parent_ref, read_manifest
+from modelshrink.artifacts import CARD_NAME, RUN_FILE, ArtifactWriter, parent_ref, read_manifest
 from modelshrink.data import language_pairs, open_data
 from modelshrink.errors import UserError
 from modelshrink.inference import generate_summaries, predict_labels
@@ -220,12 +220,17 @@ def _add_to_card(options: EvalOptions, task: str, metrics: dict[str, Any], log: 
     """The scored model's card (a modelshrink model artifact's or export's) gets these scores in its model-index."""
     from modelshrink.cards import add_results
 
-    if options.model is None or (read_manifest(options.model) or {}).get("kind") != "model":
+    manifest = read_manifest(options.model) if options.model is not None else None
+    if manifest is None or manifest.get("kind") != "model":
+        return
+    if CARD_NAME in manifest.get("files", {}):  # made before cards took results: its manifest pins the card
+        log(f"note: {options.model}'s manifest pins its model card (an earlier modelshrink made it), so the card "
+            "is left as it is")
         return
     try:
         if add_results(Path(options.model), task=task, data=options.data, split=options.split, metrics=metrics,
                        limit=options.limit):
-            log(f"{Path(options.model) / 'README.md'}: its model-index has these scores on {options.data}")
+            log(f"{Path(options.model) / CARD_NAME}: its model-index has these scores on {options.data}")
     except OSError as e:  # a read-only model folder: the evaluation itself is written
         log(f"warning: could not add the scores to {options.model}'s model card ({e.strerror or e})")
 
