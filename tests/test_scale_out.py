@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -41,49 +42,100 @@ def run(cmd: list[str], **env) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env={**ENV, **env}, timeout=300)
 
 
-@pytest.fixture
-def many_docs(tmp_path) -> Path:
+@contextmanager
+def one_thread():
+    """Torch on one thread here, as in the launched workers (OMP_NUM_THREADS=1): the one-process result is made
+    while they start and run, and two threads of ours beside them would fight over the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _many_docs(folder: Path) -> Path:
     """40 documents of different lengths (so that sorting by length reorders them)."""
     rows = [{"id": f"doc-{i}", "document": " ".join(DOCUMENTS[j % 12] for j in range(i, i + 1 + i % 4)),
              "summary": SUMMARIES[i % 12]} for i in range(40)]
-    return write_jsonl(tmp_path / "many.jsonl", rows)
+    return write_jsonl(folder / "many.jsonl", rows)
+
+
+@pytest.fixture
+def many_docs(tmp_path) -> Path:
+    return _many_docs(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def launched(saved_models, tmp_path_factory):
+    """The two-process runs of the next two tests, both launched when the first of them asks: a launch is mostly its
+    processes importing torch, and the two cores take both launches (and the tests' one-process runs) side by side.
+    Returns the documents, and a function of the command's name that waits for its launch: (the finished launch, its
+    output folder)."""
+    root = tmp_path_factory.mktemp("launched")
+    docs = _many_docs(root)
+    # no --device on a machine without CUDA: `auto` is the CPU under the launcher too (it once took the other
+    # process for a second writer of the same output)
+    device = ["--device", "cpu"] if torch.cuda.is_available() else []
+    commands = {"pseudolabel": accelerate(2, "pseudolabel", saved_models["bart"], docs, "-o",
+                                          root / "pseudolabel" / "two", "--lambda-range", "1", "2", "--seed", "5",
+                                          "--num-beams", "3", "--batch-size", "4", *device),
+                "eval": torchrun(2, "eval", saved_models["t5"], docs, "-o", root / "eval" / "two", "--device", "cpu",
+                                 "--batch-size", "3", "--latency-docs", "2", "--resamples", "200")}
+    started = {}
+    for name, cmd in commands.items():
+        (root / name).mkdir()
+        started[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    finished = {}
+
+    def result(name: str) -> tuple[subprocess.CompletedProcess, Path]:
+        if name not in finished:
+            process = started[name]
+            stdout, stderr = process.communicate(timeout=300)
+            finished[name] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+        return finished[name], root / name / "two"
+
+    yield docs, result
+    for process in started.values():  # the launches of tests that were deselected or failed first
+        process.kill()
+        process.wait()
 
 
 def _options(teacher, data, **kw) -> PseudolabelOptions:
     return PseudolabelOptions(teacher=str(teacher), data=str(data), **{"batch_size": 4, "device": "cpu", **kw})
 
 
-def test_two_processes_write_the_dataset_one_process_writes(saved_models, many_docs, tmp_path):
-    one = pseudolabel(_options(saved_models["bart"], many_docs, lambda_range=(1.0, 2.0), seed=5, num_beams=3),
-                      tmp_path / "one")
-    two = tmp_path / "two"
-    # no --device on a machine without CUDA: `auto` is the CPU under the launcher too (it once took the other
-    # process for a second writer of the same output)
-    device = ["--device", "cpu"] if torch.cuda.is_available() else []
-    result = run(accelerate(2, "pseudolabel", saved_models["bart"], many_docs, "-o", two, "--lambda-range", "1", "2",
-                            "--seed", "5", "--num-beams", "3", "--batch-size", "4", *device))
+def test_two_processes_write_the_dataset_one_process_writes(saved_models, launched, tmp_path):
+    """`launched` ran `accelerate launch` of pseudolabel --lambda-range 1 2 --seed 5 --num-beams 3 --batch-size 4."""
+    many_docs, launch = launched
+    with one_thread():  # the launches run meanwhile
+        one = pseudolabel(_options(saved_models["bart"], many_docs, lambda_range=(1.0, 2.0), seed=5, num_beams=3),
+                          tmp_path / "one")
+    result, two = launch("pseudolabel")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines() == [str(two)]  # one process prints the path
     assert (two / "data.jsonl").read_bytes() == (one / "data.jsonl").read_bytes()
     manifest = read_manifest(two)
     assert manifest["resolved"]["processes"] == 2 and read_manifest(one)["resolved"]["processes"] == 1
     assert manifest["metrics"]["generated_this_run"] == 40
-    assert sorted(p.name for p in tmp_path.iterdir() if "two" in p.name) == ["two"]  # no parts or staging left
+    assert sorted(p.name for p in two.parent.iterdir()) == ["two"]  # no parts or staging left
 
 
-def test_two_process_eval_gives_the_metrics_of_one(saved_models, many_docs, tmp_path):
+def test_two_process_eval_gives_the_metrics_of_one(saved_models, launched, tmp_path):
+    """`launched` ran `torchrun` of eval --device cpu --batch-size 3 --latency-docs 2 --resamples 200."""
+    many_docs, launch = launched
     options = EvalOptions(model=str(saved_models["t5"]), data=str(many_docs), device="cpu", batch_size=3,
                           latency_docs=2, resamples=200)
-    _, metrics = evaluate(options, tmp_path / "one")
-    result = run(torchrun(2, "eval", saved_models["t5"], many_docs, "-o", tmp_path / "two", "--device", "cpu",
-                          "--batch-size", "3", "--latency-docs", "2", "--resamples", "200"))
+    with one_thread():  # the launch runs meanwhile
+        _, metrics = evaluate(options, tmp_path / "one")
+    result, out = launch("eval")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().splitlines() == [str(tmp_path / "two")]
-    two = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    assert result.stdout.strip().splitlines() == [str(out)]
+    two = json.loads((out / "metrics.json").read_text())
     efficiency = two.pop("efficiency")
     assert two == {k: v for k, v in metrics.items() if k != "efficiency"}
     assert efficiency["processes"] == 2 and "main process alone" in efficiency["latency_note"]
-    assert (tmp_path / "two" / "predictions.jsonl").read_text() == (tmp_path / "one" / "predictions.jsonl").read_text()
+    assert (out / "predictions.jsonl").read_text() == (tmp_path / "one" / "predictions.jsonl").read_text()
 
 
 def _rank_one_pid(tag: str) -> int | None:
@@ -105,8 +157,6 @@ def test_a_killed_process_then_resume_gives_the_uninterrupted_result(saved_model
     many_docs = write_jsonl(tmp_path / "twenty.jsonl", rows[:20])
     # min = max length makes every document cost the same 30 decoding steps: slow enough to be caught mid-run
     slow = ["--num-beams", "2", "--min-length", "30", "--max-length", "30", "--batch-size", "1", "--lambda", "1.5"]
-    whole = pseudolabel(_options(saved_models["bart"], many_docs, num_beams=2, min_length=30, max_length=30,
-                                 batch_size=1, lam=1.5), tmp_path / "whole")
     out, tag = tmp_path / "pl", str(tmp_path)
     cmd = accelerate(2, "pseudolabel", saved_models["bart"], many_docs, "-o", out, "--device", "cpu", *slow)
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -118,15 +168,20 @@ def test_a_killed_process_then_resume_gives_the_uninterrupted_result(saved_model
     pid = _rank_one_pid(tag)
     assert pid is not None and launcher.poll() is None, "the launch finished before it could be interrupted"
     os.kill(pid, signal.SIGKILL)
+    # the uninterrupted result, made in this process while the launcher stops the other worker (seconds)
+    with one_thread():
+        whole = pseudolabel(_options(saved_models["bart"], many_docs, num_beams=2, min_length=30, max_length=30,
+                                     batch_size=1, lam=1.5), tmp_path / "whole")
     launcher.communicate(timeout=120)
     assert launcher.returncode != 0
     assert not out.exists() and staging_path(out).is_dir()
     done = sum(len(p.read_bytes().splitlines()) for p in (staging_path(out) / "parts").iterdir())
     assert 2 <= done < 20
 
-    other = run([sys.executable, "-m", "modelshrink", "pseudolabel", saved_models["bart"], many_docs, "-o", out,
-                 "--device", "cpu", "--resume", *slow])
-    assert other.returncode == 1 and other.stderr.strip().splitlines()[-1].startswith("Error: ")
+    # one process (this one: no launcher) may not continue what two began
+    other = runner.invoke(app, ["pseudolabel", str(saved_models["bart"]), str(many_docs), "-o", str(out), "--device",
+                                "cpu", "--resume", *slow])
+    assert other.exit_code == 1 and other.stderr.strip().splitlines()[-1].startswith("Error: ")
     assert "made by 2 processes, this one has 1" in other.stderr
     resumed = run(accelerate(2, "pseudolabel", saved_models["bart"], many_docs, "-o", out, "--device", "cpu",
                              "--resume", *slow))
