@@ -68,8 +68,10 @@ def read_documents(split: str, limit: int | None = None, bundled: bool = False) 
     return docs
 
 
-def build_model(folder: Path, shape: dict, seed: int) -> None:
-    """A random BART of `shape` with a byte-level BPE of exactly its vocabulary size, saved with save_pretrained."""
+def build_model(folder: Path, shape: dict, seed: int, beams: int = 4) -> None:
+    """A random BART of `shape` with a byte-level BPE of exactly its vocabulary size, saved with save_pretrained;
+    its generation config searches `beams` beams, as a summarizer's does (facebook/bart-large-cnn: 4), which is
+    what `export` fuses the cross-attention for (modelshrink.onnx.cross_attention)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import BartConfig, BartForConditionalGeneration, PreTrainedTokenizerFast
@@ -96,6 +98,7 @@ def build_model(folder: Path, shape: dict, seed: int) -> None:
                         forced_eos_token_id=None, normalize_before=False, normalize_embedding=True,
                         add_final_layer_norm=False)
     model = BartForConditionalGeneration(config).eval()
+    model.generation_config.num_beams = beams
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
@@ -305,7 +308,7 @@ def main() -> None:
     model_dir = work / "model"
     if not (args.reuse and (model_dir / "config.json").is_file()):
         log(f"building the random BART ({shape['d_model']} wide, vocabulary {shape['vocab_size']})")
-        build_model(model_dir, shape, args.seed)
+        build_model(model_dir, shape, args.seed, args.beams)
 
     notes: dict[str, str] = {}
     try:

@@ -114,8 +114,12 @@ def test_the_runtime_gives_the_traced_export_s_tokens_and_grows_a_short_cache(pl
     assert "GroupQueryAttention" in contrib["fused"] and "GroupQueryAttention" not in contrib["traced"]
     traced, fused = load(folders["traced"]), load(folders["fused"])
     assert fused.cache_in_place and not traced.cache_in_place
+    # the cross-attention over each document's own length at the generation config's 2 beams
+    # (onnx/cross_attention.py; tests/test_cross_attention.py), the per-document one at 1 and 3
+    assert (fused.cross_beams, traced.cross_beams) == (2, 0)
     enc = fused.encode(DOCUMENTS[:5])
-    for beams in (1, 3):
+    assert len(set(enc["attention_mask"].sum(axis=1))) > 1  # sources of different lengths
+    for beams in (1, 2, 3):
         settings = fused.settings(num_beams=beams, min_length=8, max_length=12)
         expected = traced.generate_ids(enc["input_ids"], enc["attention_mask"], settings)
         np.testing.assert_array_equal(fused.generate_ids(enc["input_ids"], enc["attention_mask"], settings), expected)

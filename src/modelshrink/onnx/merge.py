@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from modelshrink.errors import UserError
 from modelshrink.runtime.files import DECODER, DECODER_MERGED, DECODER_WITH_PAST
 
 
@@ -65,17 +64,13 @@ def merge_decoders(folder: Path) -> dict[str, int]:
         def rename(name: str) -> str:
             return name if not name or name in outer else mapping.get(name, f"{tag}/{name}")
 
-        nodes = []
-        for node in graph.node:
-            if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
-                raise UserError(f"cannot merge decoders: {node.op_type} node with a subgraph in {tag}")
+        def copied(node: Any) -> Any:
             new = onnx.NodeProto()
             new.CopyFrom(node)
-            new.name = f"{tag}/{node.name}"
-            del new.input[:], new.output[:]
-            new.input.extend(rename(n) for n in node.input)
-            new.output.extend(rename(n) for n in node.output)
-            nodes.append(new)
+            _rename_within(new, tag, rename)
+            return new
+
+        nodes = [copied(node) for node in graph.node]
         outputs = {o.name: o for o in graph.output}
         for name in extra_outputs:  # an empty float tensor of the output's rank
             reference = next(o for o in models["first"].graph.output if o.name == name)
@@ -113,10 +108,35 @@ def merge_decoders(folder: Path) -> dict[str, int]:
     first = models["first"]
     merged = helper.make_model(graph, opset_imports=list(first.opset_import), producer_name="modelshrink",
                                ir_version=first.ir_version)
+    # what a rewrite of the decoder with past recorded for the runtime (modelshrink.onnx.cross_attention)
+    merged.metadata_props.extend(p for p in models["past"].metadata_props if p.key.startswith("modelshrink."))
     onnx.save(merged, str(folder / DECODER_MERGED))
     (folder / DECODER).unlink()
     (folder / DECODER_WITH_PAST).unlink()
     return {"initializers": total, "shared": total - len(shared), "constant_nodes_hoisted": len(constants)}
+
+
+def _rename_within(node: Any, tag: str, rename: Any) -> None:
+    """Prefix `node`'s name with `tag` and rename what it reads and makes, inside its subgraphs too (an If in a
+    layer: modelshrink.onnx.cross_attention), whose values read from outside keep the outer graph's names."""
+    node.name = f"{tag}/{node.name}"
+    node.input[:] = [rename(n) for n in node.input]
+    node.output[:] = [rename(n) for n in node.output]
+    for attribute in node.attribute:
+        for graph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+            for inner in graph.node:
+                _rename_within(inner, tag, rename)
+            for value in graph.output:
+                value.name = rename(value.name)
+
+
+def _alias_within(node: Any, alias: dict[str, str]) -> None:
+    """Replace the names in `alias` wherever `node` or its subgraphs read them."""
+    node.input[:] = [alias.get(n, n) for n in node.input]
+    for attribute in node.attribute:
+        for graph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+            for inner in graph.node:
+                _alias_within(inner, alias)
 
 
 def _hoist_constants(branches: list[Any], initializers: set[str]) -> list[Any]:
@@ -130,9 +150,8 @@ def _hoist_constants(branches: list[Any], initializers: set[str]) -> list[Any]:
         alias: dict[str, str] = {}
         kept = []
         for node in graph.node:
-            inputs = [alias.get(name, name) for name in node.input]
-            del node.input[:]
-            node.input.extend(inputs)
+            _alias_within(node, alias)
+            inputs = list(node.input)
             if not inputs or not all(name in known for name in inputs) or any(a.g.node or a.graphs
                                                                              for a in node.attribute):
                 kept.append(node)

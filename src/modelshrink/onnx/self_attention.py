@@ -77,25 +77,33 @@ class _Graph:
     def from_shapes_only(self, name: str) -> bool:
         """Whether `name` is computed from the shapes of graph inputs and scalar constants alone (a causal
         mask), not from their values or from a weight."""
-        seen, todo = set(), [name]
+        return self.computed_from(name, frozenset()) is not None
+
+    def computed_from(self, name: str, allowed: frozenset[str]) -> set[str] | None:
+        """The graph inputs among `allowed` whose values `name` is computed from, where the rest is shapes and
+        scalar constants; None where it reads another input's values or a weight."""
+        seen, todo, read = set(), [name], set()
         while todo:
             current = todo.pop()
             if current in seen or not current:
                 continue
             seen.add(current)
+            if current in allowed:
+                read.add(current)
+                continue
             if current in self.inputs:
-                return False
+                return None
             value = self.constant(current)
             if value is not None:
                 if value.size > 1 and value.dtype.kind == "f":
-                    return False
+                    return None
                 continue
             node = self.producer.get(current)
             if node is None:
-                return False
+                return None
             if node.op_type != "Shape":
                 todo.extend(node.input)
-        return True
+        return read
 
 
 def _perm(node: Any) -> list[int]:
@@ -293,7 +301,7 @@ def _live(nodes: list[Any], outputs: set[str]) -> list[Any]:
         node = producer.get(name)
         if node is not None and id(node) not in needed:
             needed.add(id(node))
-            todo.extend(node.input)
+            todo.extend(reads(node))
     keep = [node for node in nodes if id(node) in needed]
     made = {o for node in keep for o in node.output}
     produced: set[str] = set()
@@ -301,7 +309,7 @@ def _live(nodes: list[Any], outputs: set[str]) -> list[Any]:
     while pending:  # the new nodes were appended at the end: move each after what it reads
         rest = []
         for node in pending:
-            if all(n in produced or n not in made for n in node.input):
+            if all(n in produced or n not in made for n in reads(node)):
                 ordered.append(node)
                 produced.update(node.output)
             else:
@@ -310,3 +318,13 @@ def _live(nodes: list[Any], outputs: set[str]) -> list[Any]:
             raise ValueError("cycle in the rewritten graph")
         pending = rest
     return ordered
+
+
+def reads(node: Any) -> list[str]:
+    """The values `node` reads: its inputs and those its subgraphs (an If's branches) read from outside."""
+    names = list(node.input)
+    for attribute in node.attribute:
+        for graph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+            inner = {o for n in graph.node for o in n.output} | {i.name for i in graph.initializer}
+            names += [name for n in graph.node for name in reads(n) if name not in inner]
+    return names

@@ -15,6 +15,9 @@ from typing import Any
 import numpy as np
 
 PAST_LENGTH = "past_sequence_length"  # the graph input that says how much of each buffer is filled
+# the model metadata that says how many rows a document the decoder's fused cross-attention reads its keys and
+# values in place for (modelshrink.onnx.cross_attention): their presents are then bound to the cached arrays
+CROSS_BEAMS = "modelshrink.cross_attention_beams"
 
 
 def _run_bound(session: Any, names: list[str], feed: dict[str, np.ndarray],
@@ -72,6 +75,11 @@ class InPlaceCache:
         if self.logits is None or self.logits.shape[0] != rows:
             self.logits = np.empty((rows, 1, self.vocab), dtype=np.float32)
         into = {"logits": self.logits, **{n.replace("past_key_values", "present"): past[n] for n in decoder}}
+        encoder = [n for n in model.past_names if ".encoder." in n]
+        if model.cross_beams and encoder and rows == past[encoder[0]].shape[0] * model.cross_beams:
+            # the fused cross-attention writes the last source position of each document again, in place
+            past.update({n: np.ascontiguousarray(past[n], dtype=np.float32) for n in encoder})
+            into.update({n.replace("past_key_values", "present"): past[n] for n in encoder})
         feed = {"input_ids": tokens, "encoder_attention_mask": mask, PAST_LENGTH: np.array([self.length], np.int64),
                 **{n: past[n] for n in model.past_names}}
         model.run_decoder(feed, with_past=True, into=into)

@@ -19,7 +19,7 @@ import numpy as np
 from .errors import UserError
 from .files import (CLASSIFIER, DECODER, DECODER_MERGED, DECODER_WITH_PAST, DEQUANTIZED, ENCODER, SEARCH_OPS,
                     graph_path, is_export)
-from .cache import PAST_LENGTH, InPlaceCache, _run_bound
+from .cache import CROSS_BEAMS, PAST_LENGTH, InPlaceCache, _run_bound
 from .search import DOCUMENTS, beam_search, candidates, greedy
 from .settings import Search, search_from_configs
 
@@ -159,6 +159,9 @@ class ExportedModel:
             self._static = {n: [d if isinstance(d, int) else 0 for d in shape] for n, shape in inputs.items()}
             # a decoder whose self-attention writes its cache in place (modelshrink.onnx.self_attention)
             self.cache_in_place = PAST_LENGTH in {i.name for i in self.decoder_with_past.get_overridable_initializers()}
+            # the rows a document for which its cross-attention reads each document's own length (0: none)
+            meta = self.decoder_with_past.get_modelmeta().custom_metadata_map
+            self.cross_beams = int(meta.get(CROSS_BEAMS, 0)) if self.cache_in_place else 0
             self.output_names = {"first": [o.name for o in self.decoder.get_outputs()],
                                  "past": [o.name for o in self.decoder_with_past.get_outputs()]}
             self.search = search_from_configs(self.config, self.generation)
@@ -267,7 +270,9 @@ class ExportedModel:
             out = dict(zip(names, session.run(None, feed)))
         else:
             out = _run_bound(session, names, feed, into)
-        return {n: v for n, v in out.items() if not (self.merged and with_past and ".encoder." in n)}  # empty there
+        # with past, the cross-attention's keys and values stay the first step's: a merged decoder's and a fused
+        # cross-attention's presents are empty, or written in place into what the caller fed
+        return {n: v for n, v in out.items() if not (with_past and ".encoder." in n)}
 
     def _first_step(self, tokens: np.ndarray, hidden: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, dict]:
         out = self.run_decoder({"input_ids": tokens, "encoder_attention_mask": mask, "encoder_hidden_states": hidden},
@@ -284,8 +289,13 @@ class ExportedModel:
         return logits[:, -1, :], new
 
     def generate_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray, settings: Search | None = None) -> np.ndarray:
-        """Token ids [batch, length] starting with the decoder start token, as `model.generate` returns them."""
+        """Token ids [batch, length] starting with the decoder start token, as `model.generate` returns them.
+        The sources are right-padded, as `encode` pads them."""
         settings = settings or self.search
+        lengths = attention_mask.sum(axis=1)
+        if self.cross_beams and (attention_mask != (np.arange(attention_mask.shape[1]) < lengths[:, None])).any():
+            # the fused cross-attention reads each source up to its length (modelshrink.onnx.cross_attention)
+            raise UserError("attention_mask must be right-padded (1s, then 0s), as ExportedModel.encode pads")
         hidden = self._encoder(input_ids, attention_mask)
         first, following = self._first_step, self._next_step
         if self.cache_in_place:  # the self-attention cache in buffers written in place (runtime/cache.py)

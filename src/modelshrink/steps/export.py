@@ -23,6 +23,7 @@ from modelshrink.errors import UserError
 from modelshrink.families import CLASSIFIER_TYPES, TOKEN_TYPE_CLASSIFIERS, model_kind
 from modelshrink.onnx import lowbit
 from modelshrink.onnx.compress import compact_quantized, keep_low_bits, quantize_int8
+from modelshrink.onnx.cross_attention import fuse_cross_attention
 from modelshrink.onnx.fuse import fuse_decoder_with_past
 from modelshrink.onnx.graphs import export_classifier, export_seq2seq, parameter_count, use_eager_attention
 from modelshrink.onnx.int4 import quantize_int4
@@ -96,8 +97,9 @@ def _load_model(options: ExportOptions) -> tuple[str, Any, Any, Any]:
 
 
 def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions, quantized: dict[str, Any] | None,
-             log: LogFn) -> tuple[list[str], dict[str, Any]]:
-    """Int8 weights, the merged decoder, tied weights stored once; returns (the graphs now, what each saved)."""
+             log: LogFn, beams: int = 1) -> tuple[list[str], dict[str, Any]]:
+    """Int8 weights, the merged decoder, tied weights stored once; returns (the graphs now, what each saved).
+    `beams`: the generation config's num_beams, the rows a document of the fused cross-attention's fast path."""
     storage: dict[str, Any] = {}
     measured: dict = {}  # kernel timings, shared by graphs of the same rows
     if quantized is not None and not options.int8:
@@ -130,6 +132,12 @@ def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions,
             why = storage["fused"].get("self_attention_traced")
             log(f"self-attention: {storage['fused']['self_attention_layers']} layers as GroupQueryAttention, the cache "
                 "written in place" if not why else f"self-attention kept as traced: {why}")
+            if options.merge:  # each document's own source length (onnx/cross_attention.py); needs the merged If
+                storage["fused"].update(fuse_cross_attention(folder / DECODER_WITH_PAST, beams))
+                why = storage["fused"].get("cross_attention_traced")
+                log(f"cross-attention: {storage['fused']['cross_attention_layers']} layers as GroupQueryAttention "
+                    f"over each document's length at beam {beams}" if not why
+                    else f"cross-attention kept as traced: {why}")
     if kind == "seq2seq" and options.merge:
         storage["merged"] = merge_decoders(folder)
         graphs = [ENCODER, DECODER_MERGED]
@@ -200,7 +208,8 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
         folder = writer.staging
         log(f"exporting {kind} {options.model} to ONNX (opset {options.opset})")
         graphs = (export_seq2seq if kind == "seq2seq" else export_classifier)(model, folder, enc, options.opset)
-        graphs, storage = _rewrite(folder, kind, graphs, options, quantized, log)
+        beams = int(getattr(getattr(model, "generation_config", None), "num_beams", 1) or 1)
+        graphs, storage = _rewrite(folder, kind, graphs, options, quantized, log, beams)
         _write_companions(model, tokenizer, folder, kind)
         weights = _weights(options, quantized, storage)
         graphs = apply_layout(folder, graphs, options.layout, weights)
