@@ -9,7 +9,8 @@ sample), beam 4 and outputs forced to --length tokens (minimum length = maximum 
 so all of them do the same work; 2 intra-op threads, 1 inter-op thread each. Systems (--systems):
   torch      PyTorch eager, float32 (`model.generate`)
   fp32 int8 int4   `modelshrink export` (plain, --int8, --int4), run by `modelshrink.runtime.load`
-  int8-traced      --int8 with --self-attention traced: the cache copied at every step instead of written in place
+  int8-traced      --int8 with --self-attention traced: the cache copied at every step instead of written in place,
+                   the cross-attention over the batch's longest source
   ct2-fp32 ct2-int8   CTranslate2 (pip install ctranslate2, or modelshrink[bench]), compute type float32 / int8
   optimum    Optimum's ORTModelForSeq2SeqLM, only when MODELSHRINK_OPTIMUM_PYTHON names a Python with
              optimum-onnx (it needs transformers 4, which cannot sit beside ours): a server in that interpreter
@@ -44,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "debian-descriptions"
 SYSTEMS = ["torch", "fp32", "int8", "int8-traced", "int4", "ct2-fp32", "ct2-int8", "optimum"]
 LABELS = {"torch": "PyTorch eager fp32", "fp32": "modelshrink runtime fp32", "int8": "modelshrink runtime int8",
-          "int8-traced": "modelshrink runtime int8, self-attention traced",
+          "int8-traced": "modelshrink runtime int8, attention traced",
           "int4": "modelshrink runtime int4", "ct2-fp32": "CTranslate2 fp32", "ct2-int8": "CTranslate2 int8",
           "optimum": "Optimum ORTModelForSeq2SeqLM fp32"}
 BASE = dict(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12, decoder_attention_heads=12,

@@ -49,9 +49,11 @@ class ExportOptions(Options):
                             "weights stored once) instead of decoder_model.onnx + decoder_with_past_model.onnx.")
     self_attention: str = opt("fused", "Seq2seq: the decoder's self-attention with past as fused (onnxruntime's "
                                        "GroupQueryAttention, the cache written in place in buffers the runtime "
-                                       "holds; where the traced attention is the plain pattern: not T5, not a "
-                                       "quantize artifact's --activation-rounding model) or traced (the exporter's "
-                                       "ops, a new cache tensor at every step; for a runtime without the op).",
+                                       "holds; with the merged decoder, the cross-attention too, over each source's "
+                                       "own length at the generation config's num_beams; where the traced attention "
+                                       "is the plain pattern: not T5, not a quantize artifact's "
+                                       "--activation-rounding model) or traced (the exporter's ops, a new cache "
+                                       "tensor at every step; for a runtime without the op).",
                               choices=("fused", "traced"))
     layout: str = opt("optimum", "The folder as a client loads it: optimum (graphs beside config.json, Optimum's "
                                  "ORTModelForSeq2SeqLM; every family) or transformers.js (graphs in onnx/ named by "
