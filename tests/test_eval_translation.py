@@ -203,3 +203,57 @@ def test_a_translator_without_its_language_or_with_an_unknown_one_is_one_line(tm
         pseudolabel(PseudolabelOptions(teacher=str(marian), data=str(data), target_lang="de", device="cpu"),
                     tmp_path / "c")
     assert not any((tmp_path / x).exists() for x in "abc")
+
+
+def _mbart_with_src_lang(folder, src_lang: str):
+    """A tiny mBART whose tokenizer (MBartTokenizer, its 52 FAIRSEQ codes) was saved marking sources as `src_lang`;
+    weights drawn wide (init_std 1), so that the source code changes what it writes."""
+    from transformers import MBartConfig, MBartForConditionalGeneration, MBartTokenizer
+
+    words = sorted({w for text in SOURCES for w in text.lower().split()})
+    pieces = [(f"▁{w}", -1.0 - i / 100) for i, w in enumerate(words)] + [(c, -9.0) for c in "abcdefghijklmnopqrstuvwxyz▁"]
+    tok = MBartTokenizer(vocab=[("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + pieces,
+                         src_lang=src_lang, tgt_lang="de_DE")
+    torch.manual_seed(0)
+    model = MBartForConditionalGeneration(MBartConfig(
+        vocab_size=len(tok), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=80,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        decoder_start_token_id=tok.convert_tokens_to_ids("de_DE"), forced_eos_token_id=None, init_std=1.0))
+    model.generation_config.num_beams, model.generation_config.max_length = 1, 8
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_the_source_language_marks_the_sources_and_is_recorded(tmp_path):
+    """--source-lang fr makes the tokenizer mark the sources fr_XX: the output is what the same model whose tokenizer
+    was saved with fr_XX writes; recorded in the generation settings, the saved one when not given."""
+    from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
+
+    data = write_jsonl(tmp_path / "ende.jsonl", [{"id": f"s{i}", "source": s, "target": t}
+                                                 for i, (s, t) in enumerate(zip(SOURCES[:4], TARGETS[:4]))])
+    saved_en, saved_fr = _mbart_with_src_lang(tmp_path / "en", "en_XX"), _mbart_with_src_lang(tmp_path / "fr", "fr_XX")
+    common = dict(data=str(data), latency_docs=0, resamples=100, device="cpu")
+    path, _ = evaluate(EvalOptions(model=str(saved_en), **common), tmp_path / "eval-en")
+    assert read_manifest(path)["resolved"]["generation"]["source_language"] == "en_XX"
+
+    def labels(teacher, out, **more):
+        done = pseudolabel(PseudolabelOptions(teacher=str(teacher), data=str(data), device="cpu", **more), out)
+        return [json.loads(line)["summary"] for line in (done / "data.jsonl").read_text().splitlines()], done
+
+    asked, done = labels(saved_en, tmp_path / "labels-fr", source_lang="fr")
+    assert read_manifest(done)["resolved"]["generation"]["source_language"] == "fr_XX"
+    assert asked == labels(saved_fr, tmp_path / "labels-saved-fr")[0]
+    assert asked != labels(saved_en, tmp_path / "labels-en")[0]  # the code is read: en_XX sources are translated otherwise
+    with pytest.raises(UserError, match=r"--source-lang xx is not a language of teacher .*en's tokenizer; its codes: "
+                                        r"ar_AR, cs_CZ, de_DE"):
+        labels(saved_en, tmp_path / "a", source_lang="xx")
+    with pytest.raises(UserError, match=r"--source-lang en: teacher .*m2m's tokenizer \(\w+\) has language codes but "
+                                        r"no source language to set"):
+        labels(_many_to_many(tmp_path / "m2m", forced="de_DE"), tmp_path / "b", source_lang="en")
+    from conftest import translator
+
+    with pytest.raises(UserError, match="--source-lang en: teacher .*marian has no language codes"):
+        labels(translator("marian", tmp_path / "marian"), tmp_path / "c", source_lang="en")
+    assert not any((tmp_path / x).exists() for x in "abc")

@@ -27,6 +27,7 @@ class GenerationSettings:
     top_k: int = 0
     output_temperature: float | None = None
     target_language: str | None = None  # a multilingual translator's code forced first (modelshrink.languages)
+    source_language: str | None = None  # the code its tokenizer marks sources with (modelshrink.languages)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

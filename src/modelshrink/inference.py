@@ -108,7 +108,8 @@ def _summarize_with_model(options: EvalOptions, docs: list[Any], staging: Path, 
     if options.attention_plot is not None and options.attention_plot not in {d.id for d in docs}:
         raise UserError(f"--attention-plot: no document with id '{options.attention_plot}' in {options.data}")
     device = launch.device
-    system = Summarizer(options, options.model, "model", device, staging)
+    system = Summarizer(options, options.model, "model", device, staging,
+                        nested_rows=getattr(options, "source_lang", None) is not None)
     model, tokenizer = system.model, system.tokenizer
 
     def row_of(example: Any, text: str, lam: float) -> dict[str, Any]:

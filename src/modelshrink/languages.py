@@ -1,11 +1,14 @@
-"""The target language of a multilingual translator (mBART-50, M2M100, NLLB): which code starts its output.
+"""The languages of a multilingual translator (mBART-50, M2M100, NLLB): which code starts its output, and which
+code marks its source.
 
 Their tokenizers hold one special token per language (mBART `de_DE`, M2M100 `__de__`, NLLB `deu_Latn`), and the
 model writes the language whose code it is made to generate first (`forced_bos_token_id`; an mBART fine-tuned on
 one pair may start from the code instead, as its `decoder_start_token_id`). A model whose config fixes neither
 would write whatever language its first step favours, so `--target-lang` names one (the code, or its language
-part: `de` finds `de_DE` or `__de__`), and a model that needs one and has none is refused in one line. Models
-with one target language (Marian, BART, T5) have no codes and need nothing.
+part: `de` finds `de_DE` or `__de__`), and a model that needs one and has none is refused in one line. Their
+tokenizers also mark the source with its language's code (`src_lang`: mBART puts it after the text, M2M100 and
+NLLB before), whose default is whatever the tokenizer was saved with; `--source-lang` sets it. Models with one
+target language (Marian, BART, T5) have no codes and need nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +42,18 @@ def _examples(codes: dict[str, int]) -> str:
     return ", ".join(shown) + (f" ... ({len(codes)} in all)" if len(codes) > len(shown) else "")
 
 
+def _chosen(codes: dict[str, int], flag: str, wanted: str, what: str, one: str, names_rows: bool) -> str | None:
+    """The code `wanted` names (FLAG's value); None where the model has no codes and the value names rows."""
+    if not codes:
+        if names_rows:
+            return None
+        raise UserError(f"{flag} {wanted}: {what} has no language codes (it {one}); leave {flag} out")
+    code = find_code(codes, wanted)
+    if code is None:
+        raise UserError(f"{flag} {wanted} is not a language of {what}'s tokenizer; its codes: {_examples(codes)}")
+    return code
+
+
 def target_language(model: Any, tokenizer: Any, target_lang: str | None, what: str,
                     names_rows: bool = False) -> str | None:
     """Make `model` generate into `target_lang` (forcing its code first) and return the code it will start with;
@@ -47,16 +62,9 @@ def target_language(model: Any, tokenizer: Any, target_lang: str | None, what: s
     codes = language_codes(tokenizer)
     config = model.generation_config
     if target_lang is not None:
-        if not codes and names_rows:
-            return None
-        if not codes:
-            raise UserError(f"--target-lang {target_lang}: {what} has no language codes (it translates into one "
-                            "language); leave --target-lang out")
-        code = find_code(codes, target_lang)
-        if code is None:
-            raise UserError(f"--target-lang {target_lang} is not a language of {what}'s tokenizer; its codes: "
-                            f"{_examples(codes)}")
-        config.forced_bos_token_id = codes[code]
+        code = _chosen(codes, "--target-lang", target_lang, what, "translates into one language", names_rows)
+        if code is not None:
+            config.forced_bos_token_id = codes[code]
         return code
     by_id = {i: c for c, i in codes.items()}
     for token in (config.forced_bos_token_id, getattr(model.config, "decoder_start_token_id", None)):
@@ -66,3 +74,21 @@ def target_language(model: Any, tokenizer: Any, target_lang: str | None, what: s
         raise UserError(f"{what} translates into {len(codes)} languages and its generation config names none: "
                         f"pass --target-lang (one of {_examples(codes)})")
     return None
+
+
+def source_language(tokenizer: Any, source_lang: str | None, what: str, names_rows: bool = False) -> str | None:
+    """Make `tokenizer` mark sources as `source_lang` (its `src_lang`) and return the code it marks them with;
+    None for a model without language codes. A UserError names what is missing or unknown. `names_rows`: the
+    value also picks the source side of nested translation rows (eval), so a model without codes is fine."""
+    codes = language_codes(tokenizer)
+    if source_lang is None:
+        current = getattr(tokenizer, "src_lang", None)
+        return current if current in codes else None
+    code = _chosen(codes, "--source-lang", source_lang, what, "reads one language", names_rows)
+    if code is None:
+        return None
+    if not hasattr(tokenizer, "src_lang"):
+        raise UserError(f"--source-lang {source_lang}: {what}'s tokenizer ({type(tokenizer).__name__}) has language "
+                        "codes but no source language to set (src_lang); leave --source-lang out")
+    tokenizer.src_lang = code
+    return code

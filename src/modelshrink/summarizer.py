@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 from modelshrink import shards
 from modelshrink.attention_stats import AttentionRecorder
 from modelshrink.generation import decode, generate_ids, plan_batches, resolve_generation, sample_seed
-from modelshrink.languages import target_language
+from modelshrink.languages import source_language, target_language
 from modelshrink.models import load_seq2seq, source_length
 from modelshrink.plate import attention_temperature, batch_lambdas, lambdas_of
 from modelshrink.precision import torch_dtype
@@ -27,9 +27,11 @@ RowFn = Callable[[Any, str, float], dict[str, Any]]  # (example, summary text, i
 
 
 class Summarizer:
-    def __init__(self, options: Any, spec: str, role: str, device: Any, staging: Path | None = None) -> None:
+    def __init__(self, options: Any, spec: str, role: str, device: Any, staging: Path | None = None,
+                 nested_rows: bool = False) -> None:
         """`staging`: where an attention plot goes; it may be set later (`recorder.folder`), once the run's
-        folder exists: the model loads first, so a model that does not load leaves nothing written."""
+        folder exists: the model loads first, so a model that does not load leaves nothing written.
+        `nested_rows`: --source-lang/--target-lang also name the sides of nested translation rows (eval)."""
         self.options, self.device = options, device
         self.model, self.tokenizer, self.family = load_seq2seq(spec, role, options.trust_remote_code, device,
                                                                allow_pickle=options.allow_pickle)
@@ -41,8 +43,9 @@ class Summarizer:
             top_p=getattr(options, "top_p", None), top_k=getattr(options, "top_k", None),
             output_temperature=getattr(options, "output_temperature", None))
         self.settings.target_language = target_language(
-            self.model, self.tokenizer, getattr(options, "target_lang", None), f"{role} {spec}",
-            names_rows=getattr(options, "source_lang", None) is not None)
+            self.model, self.tokenizer, getattr(options, "target_lang", None), f"{role} {spec}", names_rows=nested_rows)
+        self.settings.source_language = source_language(
+            self.tokenizer, getattr(options, "source_lang", None), f"{role} {spec}", names_rows=nested_rows)
         self.max_source_length = source_length(options.max_source_length, self.tokenizer, self.model.config)
         self.lambdas = lambdas_of(options)
         self.recorder = AttentionRecorder(options.attention_stats, options.attention_plot, staging, self.tokenizer)

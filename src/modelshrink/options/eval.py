@@ -53,7 +53,8 @@ class EvalOptions(TemperatureOptions):
     references: str | None = opt(None, "PREDICTIONS: take gold summaries from this dataset, matched by id.",
                                  panel=COLS)
     source_lang: str | None = opt(None, "Translation rows nested as {\"translation\": {LANG: text}}: the source "
-                                        "language's key (with --target-lang).", panel=COLS)
+                                        "language's key (with --target-lang). Also the source language a "
+                                        "multilingual translator's tokenizer marks (src_lang).", panel=COLS)
     target_lang: str | None = opt(None, "Nested translation rows: the target language's key. Also the language a "
                                         "multilingual translator (mBART-50, M2M100, NLLB) writes: a code of its "
                                         "tokenizer or its language (de -> de_DE, __de__); alone over flat rows too.",

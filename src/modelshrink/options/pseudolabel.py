@@ -32,6 +32,9 @@ class PseudolabelOptions(TemperatureOptions):
     target_lang: str | None = opt(None, "Multilingual translators (mBART-50, M2M100, NLLB): the language to translate "
                                         "into, a code of the tokenizer or its language (de -> de_DE, __de__). "
                                         "[default: the one the model's generation config forces]", panel=GEN)
+    source_lang: str | None = opt(None, "Multilingual translators: the language of the sources, which the tokenizer "
+                                        "marks with its code (src_lang; de -> de_DE, __de__). [default: the "
+                                        "tokenizer's saved src_lang]", panel=GEN)
     split: str | None = opt(None, f"Split of {SPLITS}.", panel=DATA)
     text_column: str | None = opt(None, "Document column. [default: auto: document/summary, article/highlights, "
                                         "dialogue/summary, text/summary]", panel=DATA)
