@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -262,3 +263,15 @@ def assert_same_scalars(got, expected):
         assert sorted(got[tag]) == sorted(values), tag
         for step, value in values.items():
             assert math.isclose(got[tag][step], value, rel_tol=1e-6, abs_tol=1e-9), (tag, step, got[tag][step], value)
+
+
+@contextmanager
+def one_torch_thread():
+    """Torch on one thread inside, as in launched or killed workers (OMP_NUM_THREADS=1): results made here while
+    they run do not fight them over the cores, and float operations match theirs bit for bit."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -30,7 +29,7 @@ from safetensors.torch import load_file
 from torch import nn
 from typer.testing import CliRunner
 
-from conftest import DOCUMENTS, SUMMARIES, write_jsonl
+from conftest import DOCUMENTS, SUMMARIES, one_torch_thread, write_jsonl
 from modelshrink.artifacts import read_manifest, staging_path
 from modelshrink.cli import app
 from modelshrink.options.train import TrainOptions
@@ -45,16 +44,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 TIMING = ("seconds", "tokens_per_s", "train_seconds", "tokens_per_second")  # the clock's, not the run's
 
 
-@contextmanager
-def _one_thread():
-    """The killed processes run with OMP_NUM_THREADS=1; this one computes with one thread too, so
-    that the float operations, and so the weights, can be compared bit for bit."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+_one_thread = one_torch_thread  # the killed processes run with OMP_NUM_THREADS=1: weights compared bit for bit
 
 
 @pytest.fixture(autouse=True)

@@ -9,14 +9,13 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import DOCUMENTS, SUMMARIES, free_port, launch_command, read_rows, write_jsonl
+from conftest import DOCUMENTS, SUMMARIES, free_port, launch_command, one_torch_thread, read_rows, write_jsonl
 from modelshrink.artifacts import read_manifest, staging_path
 from modelshrink.cli import app
 from modelshrink.errors import UserError
@@ -42,16 +41,7 @@ def run(cmd: list[str], **env) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env={**ENV, **env}, timeout=300)
 
 
-@contextmanager
-def one_thread():
-    """Torch on one thread here, as in the launched workers (OMP_NUM_THREADS=1): the one-process result is made
-    while they start and run, and two threads of ours beside them would fight over the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+one_thread = one_torch_thread  # the one-process result is made while the launched workers run
 
 
 def _many_docs(folder: Path) -> Path:
