@@ -40,19 +40,26 @@ def _delta_p(m: dict, key: str) -> str:
 
 def teacher(runs: Path, figures: Path) -> None:
     folder = runs / "teacher"
-    m, lead = _json(runs / "teacher-eval" / "metrics.json"), _json(runs / "lead" / "eval-lead-sentence" / "metrics.json")
+    m = _json(runs / "teacher-eval" / "metrics.json")
     if m is None:
         sys.exit(f"no {runs / 'teacher-eval'}: run recipes/teacher-debian.sh first")
     print("| system | ROUGE-1 | ROUGE-2 | ROUGE-L | words | p vs first sentence (R-1, R-2, R-L) |")
     print("|---|---|---|---|---|---|")
-    if lead:
-        print(f"| first sentence | {_rouge(lead, 'rouge1')} | {_rouge(lead, 'rouge2')} | {_rouge(lead, 'rougeL')} | "
-              f"{lead['length_words']:.1f} | |")
-    ps = ", ".join(_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
-    print(f"| teacher (bert2bert 6-6) | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | {_rouge(m, 'rougeL')} | "
-          f"{m['length_words']:.1f} | {ps} |")
+    systems = [(_json(runs / "lead" / f"eval-lead-{key}" / "metrics.json"), name)
+               for key, name in (("sentence", "first sentence of the document"), ("8-words", "first 8 words"))]
+    for row, name in [*systems, (m, "teacher (bert2bert 6-6)")]:
+        if row is not None:
+            ps = ", ".join(_p(row, k) for k in ("rouge1", "rouge2", "rougeL")) if "against" in row else ""
+            print(f"| {name} | {_rouge(row, 'rouge1')} | {_rouge(row, 'rouge2')} | {_rouge(row, 'rougeL')} | "
+                  f"{row['length_words']:.1f} | {ps} |")
     print(f"\n{m['documents'] if 'documents' in m else ''} validation documents; "
           f"p: paired permutation test, 10,000 resamples; * p < 0.05.\n")
+    gold = m.get("reference_style")
+    if gold and "novel_ngrams" in m:
+        print(f"Style (references in brackets): {m['length_words']:.1f} words ({gold['length_words']:.1f}), "
+              f"{m['novel_ngrams']['1']:.1f}% novel unigrams ({gold['novel_ngrams']['1']:.1f}%), "
+              f"{m['copy_bias']:.1f}% of 4-grams copied ({gold['copy_bias']:.1f}%), "
+              f"{m['leading_bias']:.1f}% leading bias ({gold['leading_bias']:.1f}%).\n")
     print("Validation curve (first 200 validation documents, beam 4, during training):\n")
     print("| step | epoch | train loss (one batch) | ROUGE-1 | ROUGE-2 | ROUGE-L |")
     print("|---|---|---|---|---|---|")

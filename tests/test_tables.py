@@ -115,3 +115,34 @@ def test_a_quickstart_summary_is_recorded_and_rewrites_the_table(tmp_path, monke
     assert qt.main(["--check"]) == 0
     readme.write_text(text.replace("11.26*", "11.53*"))  # a table edited by hand no longer passes
     assert qt.main(["--check"]) == 1
+
+
+def test_teacher_table_prints_both_lead_baselines_and_the_teachers_style(tmp_path):
+    """REPRODUCTION.md's teacher section cites the first-8-words baseline and the teacher's style against the
+    references: both come from the artifacts (recipes/teacher-debian.sh, recipes/eval-lead-baselines.sh)."""
+    p = {"delta": {}, "p": {"rouge1": 0.003, "rouge2": 0.0001, "rougeL": 0.52}}
+    style = {"novel_ngrams": {"1": 18.3, "2": 50.0, "3": 70.0, "4": 80.0}, "copy_bias": 13.8, "leading_bias": 70.7}
+    teacher = {**_metrics(43.0, against={"delta": {}, "p": dict.fromkeys(("rouge1", "rouge2", "rougeL"), 0.0001)}),
+               "length_words": 6.4, "documents": 2055, **style,
+               "reference_style": {"length_words": 6.5, "novel_ngrams": {"1": 26.4}, "copy_bias": 11.6,
+                                   "leading_bias": 69.6}}
+    for path, data in ((tmp_path / "teacher-eval", teacher),
+                       (tmp_path / "lead" / "eval-lead-sentence", {**_metrics(30.0), "length_words": 16.6}),
+                       (tmp_path / "lead" / "eval-lead-8-words", {**_metrics(29.0, against=p), "length_words": 8.0})):
+        path.mkdir(parents=True)
+        (path / "metrics.json").write_text(json.dumps(data))
+    (tmp_path / "teacher").mkdir()
+    log = [{"step": 250, "epoch": 0.17, "loss": 5.25}, {"step": 250, "event": "validation", "rouge1": 24.9,
+                                                        "rouge2": 8.0, "rougeL": 23.8}]
+    (tmp_path / "teacher" / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    done = subprocess.run([sys.executable, str(TABLES), "teacher", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "| first sentence of the document | 30.00 [29.00, 31.00] | 30.00 [29.00, 31.00] | 30.00 [29.00, 31.00] " \
+           "| 16.6 |  |" in out
+    assert "| first 8 words | 29.00 [28.00, 30.00] | 29.00 [28.00, 30.00] | 29.00 [28.00, 30.00] | 8.0 | " \
+           "0.003*, < 0.001*, 0.520 |" in out
+    assert "| teacher (bert2bert 6-6) | 43.00 [42.00, 44.00] |" in out and "< 0.001*, < 0.001*, < 0.001* |" in out
+    assert ("Style (references in brackets): 6.4 words (6.5), 18.3% novel unigrams (26.4%), 13.8% of 4-grams "
+            "copied (11.6%), 70.7% leading bias (69.6%).") in out
+    assert "| 250 | 0.17 | 5.250 | 24.90 | 8.00 | 23.80 |" in out
