@@ -16,11 +16,13 @@
 #   SCALE=small  teacher TEACHER_STEPS=3000 steps of a 4,096-token budget (~6 epochs of en-de; measured 2.8 s a
 #                step on 2 CPU cores: about 2.5 hours), lr 7e-4, 400 warmup; quantized models STEPS=600 (6-3:
 #                1,200) at lr 1e-4; about a day on 2 CPU cores in all, so it continues over sessions
-#   SCALE=gpu    the same teacher for TEACHER_STEPS=4000 steps of 16,384 tokens (about 30 epochs), stopped after 3
-#                validations without a BLEU gain; quantized models 2,000 steps (6-3: 4,000) of 12,288 tokens,
-#                BLEU on 300 held-out rows every 200 steps, the best kept, the same early stopping
+#   SCALE=gpu    the same teacher for TEACHER_STEPS=4000 steps of 16,384 tokens (about 30 epochs), validated every
+#                TEACHER_EVERY=250 steps, stopped after 3 validations without a BLEU gain; quantized models 2,000
+#                steps (6-3: 4,000) of 12,288 tokens, BLEU on 300 held-out rows every EVERY=200 steps, the best
+#                kept, the same early stopping; validation and eval generate 64 documents a batch
 #   SCALE=paper  the paper's schedule for the quantized models: 10 epochs (6-3: 20), batch 128, lr 3e-5
-# Knobs: PAIR, STEPS, TEACHER_STEPS, VALID_DOCS (1000), STAGES, LAUNCH, JOBS/THREADS (recipes/lib/jobs.sh).
+# Knobs: PAIR, STEPS, TEACHER_STEPS, TEACHER_EVERY, EVERY (gpu), VALID_DOCS (1000), STAGES, LAUNCH,
+# JOBS/THREADS (recipes/lib/jobs.sh).
 # Interrupted? Run it again: every step passes --resume.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,15 +39,15 @@ dq=$out/dq-bart
 dev=$dq/dev.jsonl  # the validation rows after the scored ones: checkpoints are chosen on these
 select=(--validation "$dev" --metric bleu --num-beams 4 --max-length 128)
 case $scale in
-  small) tsteps=(--max-steps "${TEACHER_STEPS:-3000}") ttokens=4096 tevery=500
+  small) tsteps=(--max-steps "${TEACHER_STEPS:-3000}") ttokens=4096 tevery=500 batch=()
          steps=${STEPS:-600} every=(--lr 1e-4 --warmup-ratio 0.05 --max-tokens 4096 --save-every 100)
          same=(--max-steps "$steps" "${every[@]}") fewer=(--max-steps $((2 * steps)) "${every[@]}") ;;
-  gpu)   tsteps=(--max-steps "${TEACHER_STEPS:-4000}" --early-stopping 3) ttokens=16384 tevery=250
-         steps=${STEPS:-2000}
-         every=(--lr 1e-4 --warmup-ratio 0.05 --max-tokens 12288 "${select[@]}" --eval-limit 300 --eval-every 200
-                --early-stopping 3 --save-every 200)
+  gpu)   tsteps=(--max-steps "${TEACHER_STEPS:-4000}" --early-stopping 3) ttokens=16384
+         tevery=${TEACHER_EVERY:-250} steps=${STEPS:-2000} batch=(--batch-size 64)
+         every=(--lr 1e-4 --warmup-ratio 0.05 --max-tokens 12288 "${batch[@]}" "${select[@]}" --eval-limit 300
+                --eval-every "${EVERY:-200}" --early-stopping 3 --save-every "${EVERY:-200}")
          same=(--max-steps "$steps" "${every[@]}") fewer=(--max-steps $((2 * steps)) "${every[@]}") ;;
-  paper) tsteps=(--epochs 40 --early-stopping 5) ttokens=16384 tevery=2000
+  paper) tsteps=(--epochs 40 --early-stopping 5) ttokens=16384 tevery=2000 batch=(--batch-size 64)
          every=(--lr 3e-5 --warmup-ratio 0.05 --batch-size 128 "${select[@]}" --eval-every 500 --eval-limit 500
                 --save-every 500)
          same=(--epochs 10 "${every[@]}") fewer=(--epochs 20 "${every[@]}") ;;
@@ -59,7 +61,7 @@ import gzip, sys
 rows = gzip.open(sys.argv[1], "rt").read().splitlines()[int(sys.argv[2]):]
 open(sys.argv[3], "w").write("".join(f"{row}\n" for row in rows))
 EOF
-gen=(--num-beams 4 --max-length 128 --max-source-length 128)
+gen=(--num-beams 4 --max-length 128 --max-source-length 128 "${batch[@]}")
 # shellcheck disable=SC2086
 run() { $launch "$@" --resume --quiet; }
 source "$here/lib/jobs.sh"
@@ -70,7 +72,7 @@ source "$here/lib/dq_eval.sh"
 if [[ $stages == *teacher* ]]; then
   [[ -f $out/teacher-init/config.json ]] || python "$here/translation_teacher.py" "$out/teacher-init" --data "$train"
   run distill "$train" --student "$out/teacher-init" -o "$teacher" "${tsteps[@]}" --lr 7e-4 --warmup-steps 400 \
-    --max-tokens "$ttokens" --max-source-length 128 --max-target-length 128 --validation "$dev" --eval-limit 300 \
+    --max-tokens "$ttokens" "${batch[@]}" --max-source-length 128 --max-target-length 128 --validation "$dev" --eval-limit 300 \
     --eval-every "$tevery" --metric bleu --num-beams 4 --max-length 128 --save-every "$tevery" --seed 0 >/dev/null
 fi
 

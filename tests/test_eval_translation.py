@@ -65,6 +65,13 @@ def test_a_worse_translation_system_loses_significantly_and_a_system_ties_with_i
     _, again = evaluate(EvalOptions(data=str(good), against=str(bad), resamples=100, significance_resamples=500),
                         tmp_path / "eval-good-2")
     assert again["against"]["p"] == against["p"] and again["against"]["delta"] == against["delta"]
+    # a finished evaluation re-tested against another (nothing generated; its rows say "document"): still BLEU
+    good_eval = tmp_path / "eval-good"
+    retest, again = evaluate(EvalOptions(data=str(good_eval), against=str(base), significance_resamples=500,
+                                         resamples=100), tmp_path / "eval-good-vs-bad")
+    assert again["task"] == "translation" and again["bleu"] == metrics["bleu"]
+    assert again["against"]["p"] == against["p"] and again["against"]["delta"] == against["delta"]
+    assert read_manifest(retest)["resolved"]["task"] == "translation"
     _, same = evaluate(EvalOptions(data=str(bad), against=str(base), resamples=100, significance="bootstrap",
                                    significance_resamples=200), tmp_path / "eval-same")
     assert same["against"]["p"] == {"bleu": 1.0, "chrf": 1.0}

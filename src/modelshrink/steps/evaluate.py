@@ -61,9 +61,13 @@ def _predictions_of_eval_artifact(options: EvalOptions) -> EvalOptions:
     """Scoring an eval artifact (no model) scores its predictions.jsonl: re-test a finished evaluation
     against another one without generating again."""
     folder = Path(options.data)
-    if options.model is None and folder.is_dir() and (read_manifest(folder) or {}).get("kind") == "eval":
-        return dataclasses.replace(options, data=str(folder / "predictions.jsonl"))
-    return options
+    manifest = read_manifest(folder) if options.model is None and folder.is_dir() else None
+    if (manifest or {}).get("kind") != "eval":
+        return options
+    # its rows hold documents whatever the task: the task is the evaluation's own (translations stay translations)
+    task = manifest.get("resolved", {}).get("task")
+    task = task if options.task == "auto" and task in ("summarization", "translation") else options.task
+    return dataclasses.replace(options, data=str(folder / "predictions.jsonl"), task=task)
 
 
 def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,
