@@ -7,7 +7,8 @@
 #            on the pairs (recipes/translation_teacher.py: no pretrained multilingual model is installable here,
 #            and MiniLM's uncased English vocabulary does not cover German or French), trained from scratch by
 #            `distill --student`, the checkpoint best by BLEU on held-out validation rows kept
-#   quant    8-8-8 and 2-2-8 direct; distillation-aware 8-8-8 6-6 and 2-2-8 6-6, and with half the decoder
+#   quant    8-8-8 and 2-2-8 direct, and 8-8-8 direct with the DQ-BART authors' activation clamp (--activation-clip
+#            $CLIP, 2.5; CLIP=none leaves it out: their collapsed 8-8-8 row comes from it); distillation-aware 8-8-8 6-6 and 2-2-8 6-6, and with half the decoder
 #            (decoder layers 0, 3, 5: the paper's 12-6 rows) 8-8-8 6-3 and 2-2-8 6-3, on the gold pairs
 #   eval     every model on the first VALID_DOCS validation pairs (BLEU, chrF with 95% intervals), tested
 #            against the float teacher; distillation-aware against direct, 6-3 against 6-6
@@ -21,7 +22,7 @@
 #                steps (6-3: 4,000) of 12,288 tokens, BLEU on 300 held-out rows every EVERY=200 steps, the best
 #                kept, the same early stopping; validation and eval generate 64 documents a batch
 #   SCALE=paper  the paper's schedule for the quantized models: 10 epochs (6-3: 20), batch 128, lr 3e-5
-# Knobs: PAIR, STEPS, TEACHER_STEPS, TEACHER_EVERY, EVERY (gpu), VALID_DOCS (1000), STAGES, LAUNCH,
+# Knobs: PAIR, CLIP, STEPS, TEACHER_STEPS, TEACHER_EVERY, EVERY (gpu), VALID_DOCS (1000), STAGES, LAUNCH,
 # JOBS/THREADS (recipes/lib/jobs.sh).
 # Interrupted? Run it again: every step passes --resume.
 set -euo pipefail
@@ -76,12 +77,16 @@ if [[ $stages == *teacher* ]]; then
     --eval-every "$tevery" --metric bleu --num-beams 4 --max-length 128 --save-every "$tevery" --seed 0 >/dev/null
 fi
 
+clip=${CLIP:-2.5}
 models=(888-direct 228-direct 888-6-6 228-6-6 888-6-3 228-6-3)
+[[ $clip == none ]] || models+=(888-direct-clip)
 compared=(888-6-6:888-direct 228-6-6:228-direct 888-6-3:888-6-6 228-6-3:228-6-6)
 if [[ $stages == *quant* ]]; then
   aware=(--data "$train" --max-source-length 128 --max-target-length 128 --seed 0)
   run quantize "$teacher" -o "$dq/888-direct" --bits 8-8-8 --method direct >/dev/null
   run quantize "$teacher" -o "$dq/228-direct" --bits 2-2-8 --method direct >/dev/null
+  [[ $clip == none ]] ||
+    run quantize "$teacher" -o "$dq/888-direct-clip" --bits 8-8-8 --method direct --activation-clip "$clip" >/dev/null
   spawn run quantize "$teacher" -o "$dq/888-6-6" --bits 8-8-8 "${aware[@]}" "${same[@]}" >/dev/null
   spawn run quantize "$teacher" -o "$dq/228-6-6" --bits 2-2-8 "${aware[@]}" "${same[@]}" >/dev/null
   spawn run quantize "$teacher" -o "$dq/888-6-3" --bits 8-8-8 --decoder-layers 3 "${aware[@]}" "${fewer[@]}" >/dev/null

@@ -269,7 +269,7 @@ def test_the_translation_recipe_makes_table_2s_rows_once_and_scores_against_the_
                                          VALID_DOCS="3", JOBS="2")
     assert done.returncode == 0, done.stderr
     assert [json.loads(line)["id"] for line in (out / "dq-bart" / "dev.jsonl").read_text().splitlines()] == ["3", "4"]
-    models = ["888-direct", "228-direct", "888-6-6", "228-6-6", "888-6-3", "228-6-3"]
+    models = ["888-direct", "228-direct", "888-6-6", "228-6-6", "888-6-3", "228-6-3", "888-direct-clip"]
     pairs_ = ["888-6-6-vs-888-direct", "228-6-6-vs-228-direct", "888-6-3-vs-888-6-6", "228-6-3-vs-228-6-6"]
     started = _started(rows, out)
     assert sorted((cmd, path) for cmd, path, _ in started) == sorted(
