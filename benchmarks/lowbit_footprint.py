@@ -6,7 +6,8 @@
 
 On one model (default: a random BART of BART-base's shape, vocabulary 50265, built as benchmarks/peers.py
 builds it; or --model), each form is exported with `modelshrink export` (validation included):
-float32, `--int8`, `--int4`, and `quantize --method direct` artifacts at 2-2-8 (ternary), 4-4-8 and 8-8-8.
+float32, `--int8`, `--int4`, and `quantize --method direct` artifacts at 2-2-8 (ternary), 4-4-8 and 8-8-8, and
+2-2-8 again with `--activation-rounding model` (the attention's own roundings kept, so it is not fused).
 For each: the bytes of its .onnx files, the ratio to float32 and to the --int8 folder, export seconds, the
 check's verdict and token agreement with PyTorch, the kernels its matmuls were given (`modelshrink.onnx.kernels`),
 batch-1 latency of the runtime (beam 4, 2 threads, p50 and p90 over --docs documents taken in turn by every form,
@@ -33,6 +34,7 @@ from _report import publish
 from peers import BASE, SMALL, build_model, read_documents
 
 QUANTIZED = ("2-2-8", "4-4-8", "8-8-8")
+ROUNDING_MODEL = ("2-2-8",)  # also exported with --activation-rounding model (the default: none)
 
 
 def folder_bytes(folder: Path) -> int:
@@ -118,6 +120,11 @@ def main() -> None:
         folders[name] = work / f"{bits}-onnx"
         forms[name] = export(artifact, folders[name], data)
         print(name, forms[name], file=sys.stderr)
+        if bits in ROUNDING_MODEL:  # the attention's own roundings kept: its self/cross attention stays traced
+            name = f"quantize {bits}, rounding model"
+            folders[name] = work / f"{bits}-model-onnx"
+            forms[name] = export(artifact, folders[name], data, activation_rounding="model")
+            print(name, forms[name], file=sys.stderr)
     speed = speeds(folders, docs[:args.docs], beams=4, length=args.length, rounds=args.rounds)
     f32, i8 = forms["float32"]["bytes"], forms["--int8"]["bytes"]
     lines = ["| export | MB | × float32 | × --int8 folder | export s (with check) | check (RMS ratio) | tokens = PyTorch | "
@@ -138,8 +145,8 @@ def main() -> None:
 
     targets = [f"- ternary (2-2-8) folder ≤ 0.3× the --int8 folder: {forms['quantize 2-2-8']['bytes'] / i8:.3f}×; "
                f"--int4 ≤ 0.2× float32 on disk: {forms['--int4']['bytes'] / f32:.3f}×"]
-    for bits in ("2-2-8", "4-4-8"):
-        name = f"quantize {bits}"
+    for name in ("quantize 2-2-8", "quantize 4-4-8", *(f"quantize {b}, rounding model" for b in ROUNDING_MODEL)):
+        bits = name.split(" ", 1)[1]
         targets.append(f"- {bits}: p50 ≤ 0.5× float32's: {ratio(name, 'p50', base)}; ≤ 1.0× --int8's: "
                        f"{ratio(name, 'p50', int8)}; batch 16 ≥ 1.2× float32's: {ratio(name, 'docs_s', base)}")
     targets.append(f"- 8-8-8: p50 ≤ 1.0× --int8's: {ratio('quantize 8-8-8', 'p50', int8)}; "

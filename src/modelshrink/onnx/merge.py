@@ -116,27 +116,30 @@ def merge_decoders(folder: Path) -> dict[str, int]:
     return {"initializers": total, "shared": total - len(shared), "constant_nodes_hoisted": len(constants)}
 
 
+def subgraphs(node: Any) -> list[Any]:
+    """The graphs `node` holds in its attributes (an If's branches, a Loop's body)."""
+    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else list(a.graphs))]
+
+
 def _rename_within(node: Any, tag: str, rename: Any) -> None:
     """Prefix `node`'s name with `tag` and rename what it reads and makes, inside its subgraphs too (an If in a
     layer: modelshrink.onnx.cross_attention), whose values read from outside keep the outer graph's names."""
     node.name = f"{tag}/{node.name}"
     node.input[:] = [rename(n) for n in node.input]
     node.output[:] = [rename(n) for n in node.output]
-    for attribute in node.attribute:
-        for graph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-            for inner in graph.node:
-                _rename_within(inner, tag, rename)
-            for value in graph.output:
-                value.name = rename(value.name)
+    for graph in subgraphs(node):
+        for inner in graph.node:
+            _rename_within(inner, tag, rename)
+        for value in graph.output:
+            value.name = rename(value.name)
 
 
 def _alias_within(node: Any, alias: dict[str, str]) -> None:
     """Replace the names in `alias` wherever `node` or its subgraphs read them."""
     node.input[:] = [alias.get(n, n) for n in node.input]
-    for attribute in node.attribute:
-        for graph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-            for inner in graph.node:
-                _alias_within(inner, alias)
+    for graph in subgraphs(node):
+        for inner in graph.node:
+            _alias_within(inner, alias)
 
 
 def _hoist_constants(branches: list[Any], initializers: set[str]) -> list[Any]:
@@ -152,8 +155,7 @@ def _hoist_constants(branches: list[Any], initializers: set[str]) -> list[Any]:
         for node in graph.node:
             _alias_within(node, alias)
             inputs = list(node.input)
-            if not inputs or not all(name in known for name in inputs) or any(a.g.node or a.graphs
-                                                                             for a in node.attribute):
+            if not inputs or not all(name in known for name in inputs) or subgraphs(node):
                 kept.append(node)
                 continue
             key = (node.domain, node.op_type, tuple(inputs), tuple(a.SerializeToString() for a in node.attribute))

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from modelshrink.onnx.merge import subgraphs
+
 PAST_LENGTH = "past_sequence_length"
 OP = "GroupQueryAttention"
 DOMAIN = "com.microsoft"
@@ -323,8 +325,7 @@ def _live(nodes: list[Any], outputs: set[str]) -> list[Any]:
 def reads(node: Any) -> list[str]:
     """The values `node` reads: its inputs and those its subgraphs (an If's branches) read from outside."""
     names = list(node.input)
-    for attribute in node.attribute:
-        for graph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-            inner = {o for n in graph.node for o in n.output} | {i.name for i in graph.initializer}
-            names += [name for n in graph.node for name in reads(n) if name not in inner]
+    for graph in subgraphs(node):
+        inner = {o for n in graph.node for o in n.output} | {i.name for i in graph.initializer}
+        names += [name for n in graph.node for name in reads(n) if name not in inner]
     return names

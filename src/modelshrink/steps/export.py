@@ -109,7 +109,7 @@ def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions,
                                                                   quantized["embedding_bits"])}
         for name in graphs:
             storage[name] = keep_low_bits(folder / name, thresholds, _kernels(name, options, measured),
-                                          options.activation_rounding)
+                                          "model" if options.activation_rounding == "model" else "none")
             storage[name].update(compact_quantized(folder / name, thresholds))
             log(f"{name}: {storage[name]['low_bit_matmuls']} matmuls and {storage[name]['low_bit_tables']} tables "
                 f"in their own bits ({_kernel_counts(storage[name]['low_bit_kernels'])}), "
@@ -189,7 +189,7 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     if options.kernel != "auto" and not (options.int4 or quantized):
         raise UserError(f"--kernel applies to low-bit weights: {options.model} is a float model; add --int4, or export "
                         "a quantize artifact")
-    if options.activation_rounding != "model" and not quantized:
+    if options.activation_rounding != "auto" and not quantized:
         raise UserError(f"--activation-rounding applies to a quantize artifact: {options.model} is a float model, "
                         "whose activations are not rounded")
     if kind == "classifier" and options.self_attention != "fused":
