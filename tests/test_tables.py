@@ -21,6 +21,13 @@ def _metrics(rouge: float, against: dict | None = None, size: int | None = None)
     return m
 
 
+def _tables(*args: str) -> str:
+    """recipes/tables.py's stdout, after checking it exited cleanly."""
+    done = subprocess.run([sys.executable, str(TABLES), *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def _write(path: Path, data: dict) -> None:
     path.mkdir(parents=True, exist_ok=True)
     name = "metrics.json" if path.name.startswith("eval-") else "modelshrink.json"
@@ -38,10 +45,7 @@ def test_dqbart_rows_pairs_clamped_rows_and_loss_windows(tmp_path):
     _write(folder / "eval-888-direct-clip-vs-888-direct", _metrics(22.5, against=gap))
     log = [{"step": step, "loss": 5.0 - step / 100, "kd_hidden": 1.0} for step in range(10, 301, 10)]
     (folder / "888-6-6-clip" / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
-    done = subprocess.run([sys.executable, str(TABLES), "dqbart", str(tmp_path), "--figures", str(tmp_path / "f")],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    out = done.stdout
+    out = _tables("dqbart", str(tmp_path), "--figures", str(tmp_path / "f"))
     assert "| 8-8-8 6-6, direct, clamp ±2.5 | 50.0 | 4.0× | 50.0 | 4.0× | 22.50 [21.50, 23.50] |" in out
     assert "-16.25 (< 0.001*)" in out and "| 8-8-8 6-6, direct, clamp ±2.5 against 8-8-8 6-6, direct |" in out
     assert "2-2-8 6-6, distillation-aware" not in out  # rows without an evaluation are left out
@@ -65,10 +69,7 @@ def test_dqbart_mt_rows_bleu_chrf_and_the_papers_table_2(tmp_path):
     _write(folder / "888-direct", {"metrics": {"bytes_on_disk": 12_500_000}})
     _write(folder / "eval-888-6-6-vs-888-direct", bleu(29.0, against={"delta": {"bleu": 28.5, "chrf": 30.0},
                                                                       "p": {"bleu": 0.0001, "chrf": 0.0001}}))
-    done = subprocess.run([sys.executable, str(TABLES), "dqbart-mt", str(tmp_path), "--figures", str(tmp_path / "f")],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    out = done.stdout
+    out = _tables("dqbart-mt", str(tmp_path), "--figures", str(tmp_path / "f"))
     assert "| 32-32-32 6-6 (the teacher) | 50.0 | 1.0× | 30.00 [29.00, 31.00] | 50.00 [49.00, 51.00] | – | – | " \
            "12-12 / 1x / 26.82 |" in out
     assert "| 8-8-8 6-6, direct | 12.5 | 4.0× | 0.50 [-0.50, 1.50] | 20.50 [19.50, 21.50] | -29.50 (< 0.001*) | " \
@@ -135,9 +136,7 @@ def test_teacher_table_prints_both_lead_baselines_and_the_teachers_style(tmp_pat
     log = [{"step": 250, "epoch": 0.17, "loss": 5.25}, {"step": 250, "event": "validation", "rouge1": 24.9,
                                                         "rouge2": 8.0, "rougeL": 23.8}]
     (tmp_path / "teacher" / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
-    done = subprocess.run([sys.executable, str(TABLES), "teacher", str(tmp_path)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    out = done.stdout
+    out = _tables("teacher", str(tmp_path))
     assert "| first sentence of the document | 30.00 [29.00, 31.00] | 30.00 [29.00, 31.00] | 30.00 [29.00, 31.00] " \
            "| 16.6 |  |" in out
     assert "| first 8 words | 29.00 [28.00, 30.00] | 29.00 [28.00, 30.00] | 29.00 [28.00, 30.00] | 8.0 | " \
