@@ -289,7 +289,10 @@ ACKD_ROWS = [("ce", "CE only"), ("kd", "KD (CE + KD)"), ("kd-pt", "KD + PT (PKD)
              ("ackd-first", "ACKD, first layers (0, 1, 2)")]
 
 
-def ackd(runs: Path, figures: Path, data: Path, teacher: Path) -> None:
+def ackd(runs: Path, figures: Path, data: Path, teacher: Path, record: Path | None = None) -> None:
+    """With `record`, each model's validation predictions (and a student's SAR weights) are kept in
+    RECORD/teacher.json and RECORD/seed-S/student-NAME.json as well, and the table covers every model recorded
+    there: seeds trained in another session add to the same table without their weights."""
     from modelshrink import classify
     from modelshrink.metrics.stats import paired_test
     from modelshrink.models import load_classifier
@@ -297,18 +300,41 @@ def ackd(runs: Path, figures: Path, data: Path, teacher: Path) -> None:
     rows = classify.read_labeled(str(data / "validation.jsonl"))
     gold = [r["label"] for r in rows]
 
-    def correct(folder: Path) -> list[float]:
+    def predictions(folder: Path, record_as: Path | None, w: list | None = None) -> list[int]:
         model, tokenizer = load_classifier(str(folder))
-        predicted = classify.predict(model, tokenizer, rows, 64, "cpu", 128)
-        return [float(p == g) for p, g in zip(predicted, gold)]
+        predicted = [int(p) for p in classify.predict(model, tokenizer, rows, 64, "cpu", 128)]
+        if record_as is not None:
+            record_as.parent.mkdir(parents=True, exist_ok=True)
+            record_as.write_text(json.dumps({"model": str(folder), "predicted": predicted, "sar_w": w or []}) + "\n")
+        return predicted
 
-    seeds = sorted((p for p in runs.glob("seed-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]))
-    results: dict[str, dict[str, list[float]]] = {}
+    found: dict[str, dict[str, list[int]]] = {}  # student -> seed -> predicted class per validation sentence
+    sar: dict[tuple[str, str], list[list[float]]] = {}
     for key, _ in ACKD_ROWS:
-        for seed in seeds:
-            if (seed / f"student-{key}" / "modelshrink.json").is_file():
-                results.setdefault(key, {})[seed.name] = correct(seed / f"student-{key}")
-    teacher_acc = 100 * statistics.mean(correct(teacher)) if (teacher / "modelshrink.json").is_file() else None
+        for seed in sorted(runs.glob("seed-*")):
+            folder = seed / f"student-{key}"
+            if (folder / "modelshrink.json").is_file():
+                log = folder / "train_log.jsonl"  # SAR's batch-mean w, logged every 10 steps
+                lines = log.read_text().splitlines() if log.is_file() else []
+                sar[(key, seed.name)] = [[r["step"], r["sar_w"]] for r in map(json.loads, lines) if "sar_w" in r]
+                found.setdefault(key, {})[seed.name] = predictions(
+                    folder, record / seed.name / f"student-{key}.json" if record else None, sar[(key, seed.name)])
+    teacher_pred = (predictions(teacher, record / "teacher.json" if record else None)
+                    if (teacher / "modelshrink.json").is_file() else None)
+    if record is not None:  # what other sessions recorded
+        for path in sorted(record.glob("seed-*/student-*.json")):
+            key, seed = path.stem.removeprefix("student-"), path.parent.name
+            if seed not in found.get(key, {}):
+                kept = json.loads(path.read_text())
+                found.setdefault(key, {})[seed] = kept["predicted"]
+                sar[(key, seed)] = kept["sar_w"]
+        if teacher_pred is None and (record / "teacher.json").is_file():
+            teacher_pred = json.loads((record / "teacher.json").read_text())["predicted"]
+    seed_order = sorted({s for by_seed in found.values() for s in by_seed}, key=lambda s: int(s.split("-")[1]))
+    results = {key: {s: [float(p == g) for p, g in zip(by_seed[s], gold)] for s in seed_order if s in by_seed}
+               for key, by_seed in found.items()}
+    teacher_acc = (100 * statistics.mean(float(p == g) for p, g in zip(teacher_pred, gold))
+                   if teacher_pred is not None else None)
     if teacher_acc is not None:
         print(f"Teacher (MiniLM-L6 fine-tuned): {teacher_acc:.2f}% on {len(gold)} validation sentences.\n")
     print("| student | seeds | accuracy mean ± std | per seed | p vs CE | p vs KD | sentences classified unlike KD |")
@@ -329,9 +355,8 @@ def ackd(runs: Path, figures: Path, data: Path, teacher: Path) -> None:
             b = [x for s in common for x in results[ref][s]]
             return f"{paired_test(a, b):.3f}"
 
-        # binary labels: a sentence is classified differently exactly when its correctness differs
-        flips = [sum(a != b for a, b in zip(results[key][s], results["kd"][s])) for s in results[key]
-                 if s in results.get("kd", {})]
+        flips = [sum(a != b for a, b in zip(found[key][s], found["kd"][s])) for s in results[key]
+                 if s in found.get("kd", {})]
         same_text = "–" if key == "kd" or not flips else ", ".join(map(str, flips))
         print(f"| {name} | {len(values)} | {statistics.mean(values):.2f} ± {std:.2f} | "
               f"{', '.join(f'{v:.2f}' for v in values)} | {pooled('ce')} | {pooled('kd')} | {same_text} |")
@@ -340,17 +365,14 @@ def ackd(runs: Path, figures: Path, data: Path, teacher: Path) -> None:
             errors.append(std)
     print("\np: paired permutation test (10,000 resamples) on per-sentence correctness, pooled over the seeds both "
           "students have (pairs matched by seed and sentence). Last column: validation sentences the student "
-          "classifies unlike the KD student of the same seed, per seed (rt-polarity is binary, so a different "
-          "correctness is a different class).")
+          "classifies unlike the KD student of the same seed, per seed.")
     drift = []
     for key, name in ACKD_ROWS:
-        for seed in seeds:
-            log = seed / f"student-{key}" / "train_log.jsonl"
-            rows_w = [json.loads(x) for x in log.read_text().splitlines()] if log.is_file() else []
-            w = [(r["step"], r["sar_w"]) for r in rows_w if "sar_w" in r]
+        for seed in seed_order:
+            w = sar.get((key, seed), [])
             if w:
                 quarter = [v for s, v in w if s <= w[-1][0] // 4]
-                drift.append(f"| {name} | {seed.name} | {w[0][1]:.3f} | {statistics.mean(quarter):.3f} | "
+                drift.append(f"| {name} | {seed} | {w[0][1]:.3f} | {statistics.mean(quarter):.3f} | "
                              f"{w[-1][1]:.3f} |")
     if drift:
         print("\nSAR: the batch-mean weight w (logged every 10 steps) at the first log, over the first quarter of "
@@ -378,12 +400,15 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path("../shared/data/rt-polarity"), help="ackd: rt-polarity")
     parser.add_argument("--teacher", type=Path, default=None, help="ackd: the teacher (default RUNS/teacher)")
     parser.add_argument("--long", action="store_true", help="plate: the LONG=1 run (RUNS/plate-long)")
+    parser.add_argument("--record", type=Path, default=None,
+                        help="ackd: keep each model's validation predictions here too, and table every model "
+                             "recorded there (seeds of other sessions)")
     args = parser.parse_args()
     runs = args.runs or Path("runs/repro/ackd" if args.table == "ackd" else "runs/repro")
     figures = args.figures or runs
     figures.mkdir(parents=True, exist_ok=True)
     if args.table == "ackd":
-        ackd(runs, figures, args.data, args.teacher or runs / "teacher")
+        ackd(runs, figures, args.data, args.teacher or runs / "teacher", args.record)
     elif args.table == "plate":
         plate(runs, figures, args.long)
     else:

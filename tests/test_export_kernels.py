@@ -186,6 +186,37 @@ def test_without_the_models_rounding_no_activation_is_rounded_in_the_graph(terna
     assert report["validation"]["rms_ratio"] < 0.1
 
 
+def test_with_the_kernels_rounding_each_integer_kernel_rounds_its_own_input_and_auto_weighs_nbits(ternary, tmp_path):
+    import onnx
+
+    out = tmp_path / "kernel"
+    result = runner.invoke(app, ["export", str(ternary), "-o", str(out), "--activation-rounding", "kernel",
+                                 "--no-validate"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "export_report.json").read_text())
+    for name in ("encoder_model.onnx", "decoder_with_past_model.onnx"):
+        # the model rounds every matmul input, yet MatMulNBits (another rounding) is measured beside the uint8 kernel
+        measured = report["storage"][name]["kernels"]["measured"].values()
+        assert measured and all(any(c.startswith("nbits/") for c in entry["ms"]) for entry in measured), name
+        assert report["storage"][name]["inputs_as_model_codes"] == 0
+    for name in ("encoder_model.onnx", "decoder_model_merged.onnx"):
+        # no rounding of the model's is left in the graph: neither its float rounding nor its codes
+        nodes = graph_nodes(onnx.load(str(out / name)).graph)
+        assert not any(n.op_type in ("Round", "Clip", "QuantizeLinear") for n in nodes), name
+    # named, the uint8 kernel rounds x itself, per tensor, as --int8's does
+    out = tmp_path / "kernel-int8"
+    result = runner.invoke(app, ["export", str(ternary), "-o", str(out), "--activation-rounding", "kernel",
+                                 "--kernel", "int8", *FAST])
+    assert result.exit_code == 0, result.output  # within the check's tolerance
+    report = json.loads((out / "export_report.json").read_text())
+    encoder = report["storage"]["encoder_model.onnx"]
+    model = onnx.load(str(out / "encoder_model.onnx"))
+    users = [n for n in model.graph.node if n.op_type == "DynamicQuantizeMatMul"]
+    assert users and encoder["inputs_unrounded"] == len(users) and encoder["inputs_as_model_codes"] == 0
+    assert not any(n.op_type in ("Round", "QuantizeLinear", "MatMulIntegerToFloat") for n in model.graph.node)
+    assert 0 < report["validation"]["rms_ratio"] < 0.1  # 8-bit rounding noise, not a broken graph (~1)
+
+
 def test_a_merged_decoder_unpacks_each_weight_once(ternary_int8, tmp_path):
     import onnx
     import onnxruntime as ort

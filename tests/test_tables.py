@@ -145,3 +145,47 @@ def test_teacher_table_prints_both_lead_baselines_and_the_teachers_style(tmp_pat
     assert ("Style (references in brackets): 6.4 words (6.5), 18.3% novel unigrams (26.4%), 13.8% of 4-grams "
             "copied (11.6%), 70.7% leading bias (69.6%).") in out
     assert "| 250 | 0.17 | 5.250 | 24.90 | 8.00 | 23.80 |" in out
+
+
+def test_ackd_table_keeps_each_models_predictions_and_tables_seeds_recorded_by_another_session(tmp_path):
+    """Seeds trained in two sessions make one table: the first session's weights are gone, its record is not."""
+    import shutil
+
+    from conftest import bert_tokenizer, save_classifier
+
+    data = tmp_path / "data"
+    data.mkdir()
+    words = ["good", "bad", "fine", "dull", "great", "awful"]
+    rows = [{"sentence": f"{words[i % 6]} {words[(i * 5) % 6]} film", "label": i % 2} for i in range(24)]
+    (data / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok = bert_tokenizer()
+
+    def model(path: Path, seed: int) -> None:
+        import torch
+
+        torch.manual_seed(seed)
+        save_classifier(path, tok)
+        (path / "modelshrink.json").write_text("{}")
+
+    first, second, record = tmp_path / "first", tmp_path / "second", tmp_path / "record"
+    model(first / "teacher", 0)
+    for name, seed in (("ce", 1), ("kd", 2)):
+        model(first / "seed-0" / f"student-{name}", seed)
+        model(second / "seed-1" / f"student-{name}", seed + 10)
+    common = ["--data", str(data), "--record", str(record), "--figures", str(tmp_path / "figures")]
+    one = _tables("ackd", str(first), *common)
+    assert (record / "teacher.json").is_file() and (record / "seed-0" / "student-kd.json").is_file()
+    kept = json.loads((record / "seed-0" / "student-ce.json").read_text())
+    assert len(kept["predicted"]) == len(rows) and set(kept["predicted"]) <= {0, 1}
+    assert "| CE only | 1 |" in one and "Teacher" in one
+    shutil.rmtree(first)  # the first session's weights are gone
+    both = _tables("ackd", str(second), *common, "--teacher", str(tmp_path / "none"))
+    assert "| CE only | 2 |" in both and "| KD (CE + KD) | 2 |" in both
+    per_seed = {line.split("|")[1].strip(): line.split("|")[4].strip() for line in one.splitlines()
+                if line.startswith("| CE only") or line.startswith("| KD (CE + KD)")}
+    for name, values in per_seed.items():  # seed 0's accuracy, from the record, is the first of the two
+        row = next(line for line in both.splitlines() if line.startswith(f"| {name} |"))
+        assert row.split("|")[4].strip().startswith(values + ", ")
+    assert one.splitlines()[0] == both.splitlines()[0]  # the teacher's accuracy, from its record
+    # without --record nothing is read from it
+    assert "| CE only | 1 |" in _tables("ackd", str(second), "--data", str(data), "--figures", str(tmp_path / "f2"))

@@ -24,19 +24,29 @@ from modelshrink.onnx import kernels, lowbit
 from modelshrink.onnx.kernels import KernelChoice
 
 
+ROUNDINGS = ("model", "none", "kernel")  # whose rounding of the activations a quantize export computes
+
+
 def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice, rounding: str = "model") -> dict[str, Any]:
     """Rewrite the graph at `path`: every matmul weight and embedding table that is α·b with integer b (one α per
     tensor, per output column of a matmul, or per row of a table) is stored as codes of its own width (ternary
     2 bits, 3-4-bit weights 4, 5-8-bit weights 8; a table and its tied projection share one copy) and computes
-    with the kernel `choice` measures fastest for it (`modelshrink.onnx.kernels`; for an input the model rounds,
-    unless named, only kernels that compute with that rounding). The uint8 kernel then multiplies the model's
-    own codes of the input (`integer_activations`); where a kernel rounds the input itself (MatMulNBits at
-    accuracy level 4, the uint8 kernel on an input the model does not round), the graph's own rounding of it is
-    taken out. The other roundings (attention's queries, keys, values and probabilities) are shortened, or with
-    `rounding="none"` taken out too. Returns what was stored and how."""
+    with the kernel `choice` measures fastest for it (`modelshrink.onnx.kernels`). `rounding` says whose rounding
+    of the activations the graph computes:
+    - "model" and "none": a matmul's input that the model rounds keeps the model's rounding: only kernels that
+      compute with it are weighed (unless one is named), and the uint8 kernel multiplies the model's own codes
+      of the input (`integer_activations`), exactly the quantized product. The other roundings (attention's
+      queries, keys, values and probabilities) are shortened with "model", taken out with "none";
+    - "kernel": every integer kernel rounds its input its own way (the uint8 kernel per tensor, asymmetric, as
+      `--int8`'s; MatMulNBits at accuracy level 4 per block of K, a finer rounding than the model's per tensor),
+      so MatMulNBits is weighed too, and no rounding of the model's is left in the graph.
+    Where a kernel rounds the input itself, the graph's own rounding of it is taken out. Returns what was stored
+    and how."""
     import onnx
     from onnx import numpy_helper
 
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
     model = onnx.load(str(path))
     graph = lowbit.LowBitGraph(model)
     pairs = lowbit.transposed_pairs(graph)
@@ -47,7 +57,7 @@ def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice, roundi
         """Where the model rounds the input of every matmul reading these weights, the kernels that compute with
         its own codes (`int8`, `float`); MatMulNBits rounds per block of K, another rounding, only if named."""
         readers = [node for name in names for node in graph.consumers.get(name, [])]
-        if readers and all(_rounded(producers, node.input[0]) for node in readers):
+        if rounding != "kernel" and readers and all(_rounded(producers, node.input[0]) for node in readers):
             return [c for c in options if c[0] != lowbit.NBITS] if choice.kernel == kernels.AUTO else options
         return options
     matmuls = tables = 0
@@ -73,9 +83,9 @@ def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice, roundi
             kernel, bits = choice.choose(*b.shape, options, size)
             matmuls += graph.as_matmul(init, lowbit.integer_blocks(b, scale, bits, size), kernel=kernel)
     graph.finish()
-    codes = integer_activations(model.graph, graph.integer_nodes)
+    codes = integer_activations(model.graph, graph.integer_nodes) if rounding != "kernel" else 0
     unrounded = take_out_rounding(model.graph, graph.integer_nodes)
-    shortened = shorten_rounding(model.graph, drop=rounding == "none")
+    shortened = shorten_rounding(model.graph, drop=rounding != "model")
     onnx.save(model, str(path))
     return {"low_bit_matmuls": matmuls, "low_bit_tables": tables, "inputs_as_model_codes": codes,
             "inputs_unrounded": unrounded, "roundings_shortened": shortened,

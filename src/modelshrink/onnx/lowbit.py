@@ -51,7 +51,10 @@ from typing import Any
 import numpy as np
 
 DOMAIN = "com.microsoft"
-MAX_BLOCK = 256  # onnxruntime's 2-bit kernel refuses larger blocks; the others are no faster with them
+# onnxruntime 1.32's 2-bit MatMulNBits at accuracy level 4 takes a slow path at block 256: at 4 rows, 1 thread,
+# 768x768 1.45 against 0.084 ms at block 128, 3072x768 7.0 against 0.28 (this machine, 2026-11-26); the 4- and
+# 8-bit kernels are no faster at 256
+MAX_BLOCK = 128
 NBITS, INT8, FLOAT = "nbits", "int8", "float"  # how a matmul computes on stored codes (see the module's text)
 KERNELS = (NBITS, INT8, FLOAT)
 ACCURACY_INT8 = 4  # MatMulNBits' accuracy_level: activations rounded to int8 per block, integer products

@@ -38,12 +38,16 @@ class ExportOptions(Options):
                               "codes, activations rounded to int8 per block), float (float matmuls on the weights "
                               "unpacked at load: no integer kernel, for a runtime without one).",
                       choices=KERNEL_CHOICES)
-    activation_rounding: str = opt("auto", "A quantize artifact's rounding of the activations no integer kernel "
-                                           "rounds (attention's queries, keys, values and probabilities): none (left "
-                                           "float, so the attention can be fused: 5-9% faster at batch 1 and 5-12% "
+    activation_rounding: str = opt("auto", "Whose rounding of a quantize artifact's activations the graphs compute. "
+                                           "model: every rounding the quantized model does (8 bits per tensor), "
+                                           "matmul inputs multiplied as the model's own codes; none: the same codes "
+                                           "for the matmuls, attention's queries, keys, values and probabilities left "
+                                           "float, so the attention can be fused (5-9% faster at batch 1 and 5-12% "
                                            "at batch 16 on BART-base's shape, ROUGE unchanged on a trained 2-2-8 "
-                                           "model) or model (8 bits per tensor, as the quantized model computes). "
-                                           "auto: none for a quantize artifact.", choices=("auto", "none", "model"))
+                                           "model); kernel: as none, but each integer kernel rounds its input its "
+                                           "own way (the uint8 kernel per tensor, as --int8's; MatMulNBits per block "
+                                           "of K), which lets --kernel auto weigh MatMulNBits. auto: none.",
+                                   choices=("auto", "none", "model", "kernel"))
     per_channel: bool | None = opt(None, "With --int8: one weight scale per output channel (--no-per-channel: one per "
                                          "tensor). [default: per channel]")
     merge: bool = opt(True, "Seq2seq: one decoder_model_merged.onnx (an If between first step and steps with past, "

@@ -96,6 +96,11 @@ def _load_model(options: ExportOptions) -> tuple[str, Any, Any, Any]:
     return kind, config, model, tokenizer
 
 
+def rounding_for(activation_rounding: str) -> str:
+    """`--activation-rounding` as `keep_low_bits` takes it: auto is none (BENCHMARKS.md, lowbit)."""
+    return "none" if activation_rounding == "auto" else activation_rounding
+
+
 def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions, quantized: dict[str, Any] | None,
              log: LogFn, beams: int = 1) -> tuple[list[str], dict[str, Any]]:
     """Int8 weights, the merged decoder, tied weights stored once; returns (the graphs now, what each saved).
@@ -109,7 +114,7 @@ def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions,
                                                                   quantized["embedding_bits"])}
         for name in graphs:
             storage[name] = keep_low_bits(folder / name, thresholds, _kernels(name, options, measured),
-                                          "model" if options.activation_rounding == "model" else "none")
+                                          rounding_for(options.activation_rounding))
             storage[name].update(compact_quantized(folder / name, thresholds))
             log(f"{name}: {storage[name]['low_bit_matmuls']} matmuls and {storage[name]['low_bit_tables']} tables "
                 f"in their own bits ({_kernel_counts(storage[name]['low_bit_kernels'])}), "
