@@ -87,6 +87,40 @@ def test_positional_embeddings_and_norms_stay_full_precision(tmp_path):
     assert not any(n.startswith("lm_head") for n in quantized)
 
 
+@pytest.mark.parametrize("family", ["marian", "m2m_100"])
+def test_sinusoidal_positions_are_made_again_on_load_not_stored(family, tmp_path):
+    """Marian's sinusoidal position tables are a function of their shape: left out of the file, recorded in the
+    config, made again on load, and the reloaded model computes what was saved. M2M100's are never stored."""
+    from safetensors import safe_open
+
+    from conftest import translator
+    from modelshrink.models import load_seq2seq
+
+    model, tok, _ = load_seq2seq(str(translator(family, tmp_path / "float")), "model")
+    spec = parse_bits("2-2-8")
+    quantize_model(model, spec)
+    model.eval()
+    with torch.no_grad():
+        before = model(**_inputs(tok)).logits
+    save_quantized(model, tok, tmp_path / "q", spec)
+    with safe_open(str(tmp_path / "q" / WEIGHTS_NAME), "pt") as f:
+        assert not any("embed_positions" in k for k in f.keys())
+    qc = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]
+    expected = ["model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"]
+    assert qc.get("recomputed", []) == (expected if family == "marian" else [])
+    with torch.no_grad():
+        assert torch.equal(before, load_quantized(tmp_path / "q")(**_inputs(tok)).logits)
+    if family == "marian":  # a table that no longer holds the sinusoids (trained, or changed) is stored as it is
+        with torch.no_grad():
+            model.model.encoder.embed_positions.weight[3] += 1
+            before = model(**_inputs(tok)).logits
+        save_quantized(model, tok, tmp_path / "q2", spec)
+        qc = json.loads((tmp_path / "q2" / "config.json").read_text())["quantization_config"]
+        assert qc["recomputed"] == expected[1:]
+        with torch.no_grad():
+            assert torch.equal(before, load_quantized(tmp_path / "q2")(**_inputs(tok)).logits)
+
+
 def test_attention_maps_for_the_loss_are_taken_before_dropout():
     """DQ-BART's attention loss compares the student's maps with the teacher's: in training they must be the
     maps without attention dropout (the output still uses dropout)."""

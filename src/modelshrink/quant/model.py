@@ -2,7 +2,9 @@
 
 `modelshrink-quantized.safetensors` holds, for every quantized weight, `NAME.qweight` (the integers packed: int8 at
 8 bits, two per byte at 3-4 bits, five ternary digits per byte at 2 bits) and `NAME.scale` (α, per
-tensor or per row, float32); every other tensor (positional embeddings, norms, biases) as it was.
+tensor or per row, float32); every other tensor (learned positional embeddings, norms, biases) as it was, except
+tables the architecture computes from their shape (Marian's and Pegasus' sinusoidal positions, 26% of a 2-2-8
+Marian-shaped student): those are left out and made again on load (`recomputed_tables`).
 config.json carries `quantization_config` (quant_method "modelshrink", the bits, the granularity,
 the packing, and each quantized tensor's shape), enough to rebuild the model.
 
@@ -65,8 +67,9 @@ def save_quantized(model: torch.nn.Module, tokenizer: Any, folder: str | os.Path
         tensors[f"{name}.scale"] = alpha.float().reshape(-1).contiguous()
         shapes[name] = {"shape": list(latent.shape), "bits": bits, "per_row": per_row}
     seen_data: set[int] = {latent.data_ptr() for latent, _, _ in quantized.values()}
+    recomputed = recomputed_tables(model)
     for name, value in _plain_state(model).items():
-        if name in quantized or value.data_ptr() in seen_data:  # tied copies of a quantized weight
+        if name in quantized or value.data_ptr() in seen_data or name in recomputed:  # tied copies, fixed tables
             continue
         tensors[name] = value.detach().cpu().contiguous()
         seen_data.add(value.data_ptr())
@@ -81,6 +84,8 @@ def save_quantized(model: torch.nn.Module, tokenizer: Any, folder: str | os.Path
         "activations": "symmetric per tensor, dynamic max-abs scale" + (
             f" of the activation clamped to +-{spec.activation_clip}" if spec.activation_clip else "")
         + ": linear inputs, q/k/v outputs, attention probabilities", "tensors": shapes}
+    if recomputed:
+        config.quantization_config["recomputed"] = recomputed
     try:
         config.save_pretrained(folder)
     finally:
@@ -90,6 +95,20 @@ def save_quantized(model: torch.nn.Module, tokenizer: Any, folder: str | os.Path
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     return {"quantized_tensors": len(shapes)}
+
+
+def recomputed_tables(model: torch.nn.Module) -> list[str]:
+    """State-dict names of the tables that the architecture computes from their shape alone (a module's
+    `create_weight`: Marian's and Pegasus' sinusoidal positions) and that still hold exactly those values."""
+    names = []
+    for prefix, module in model.named_modules():
+        make, weight = getattr(module, "create_weight", None), getattr(module, "weight", None)
+        if callable(make) and isinstance(weight, torch.Tensor):
+            with torch.no_grad():
+                fresh = make()
+            if fresh.shape == weight.shape and torch.equal(fresh.to(weight.device, weight.dtype), weight.detach()):
+                names.append(f"{prefix}.weight")
+    return names
 
 
 def _model_class(config: Any):
@@ -146,6 +165,13 @@ def load_quantized(folder: str | os.PathLike) -> torch.nn.Module:
         alpha = alpha.reshape(-1, 1) if info["per_row"] else alpha.reshape(())
         state[name] = dequantize(b, alpha)
     state.update({k: v for k, v in stored.items() if not k.endswith((".qweight", ".scale"))})
+    for name in qc.get("recomputed", []):  # left out of the file: the module makes them from their shape
+        module = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else None
+        if module is None or not callable(getattr(module, "create_weight", None)):
+            raise UserError(f"cannot load the quantized model from {folder}: config.json says {name} is computed "
+                            f"from its shape, but this transformers' {type(model).__name__} has no such table")
+        with torch.no_grad():
+            state[name] = module.create_weight()
     missing, unexpected = model.load_state_dict(state, strict=False)
     model.tie_weights()
     tied = {k for k, v in model.state_dict().items() if k in missing and any(
