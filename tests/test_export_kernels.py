@@ -89,6 +89,16 @@ def test_the_candidates_hold_each_weight_exactly():
     assert ("int8", 4) not in kernels.candidates_for(None)  # --int4's blocks have a scale each, no column scale
 
 
+def test_two_bit_nbits_weights_are_blocked_by_at_most_128():
+    """onnxruntime's 2-bit MatMulNBits is 17-25x slower at block 256: such weights are stored (and measured) at
+    128; every other kernel keeps the largest block that divides K (the fewest scales)."""
+    from modelshrink.onnx import lowbit
+
+    assert lowbit.kernel_block("nbits", 2, 256) == 128 and lowbit.kernel_block("nbits", 2, 64) == 64
+    assert lowbit.kernel_block("nbits", 4, 256) == lowbit.kernel_block("int8", 2, 256) == 256
+    assert lowbit.block_size_for(768) == 256 and lowbit.block_size_for(48) == 16
+
+
 def test_measure_times_every_candidate_at_every_row_count():
     found = kernels.measure(64, 48, [("nbits", 4), ("int8", 4), ("float", 4)], (2, 16), 32, repeats=2, threads=1)
     assert set(found) == {"nbits/4", "int8/4", "float/4"}

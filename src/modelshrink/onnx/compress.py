@@ -71,6 +71,7 @@ def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice, roundi
         tied = [inits[name] for name in pairs.get(init.name, [])]
         options = exact([t.name for t in tied], kernels.candidates_for(_threshold(b, thresholds)))
         kernel, bits = choice.choose(b.shape[1], b.shape[0], options, size) if tied else options[-1]
+        size = lowbit.kernel_block(kernel, bits, size)
         matmuls += graph.as_tied(init, tied, lowbit.integer_blocks(b.T, scale, bits, size), kernel)
         done.update(name for name in pairs.get(init.name, []))
         tables += 1
@@ -81,6 +82,7 @@ def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice, roundi
             size = lowbit.block_size_for(b.shape[0]) or 16
             options = exact([init.name], kernels.candidates_for(_threshold(b, thresholds)))
             kernel, bits = choice.choose(*b.shape, options, size)
+            size = lowbit.kernel_block(kernel, bits, size)
             matmuls += graph.as_matmul(init, lowbit.integer_blocks(b, scale, bits, size), kernel=kernel)
     graph.finish()
     codes = integer_activations(model.graph, graph.integer_nodes) if rounding != "kernel" else 0

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from modelshrink.onnx.lowbit import FLOAT, INT8, KERNELS, NBITS, Blocks, LowBitGraph
+from modelshrink.onnx.lowbit import FLOAT, INT8, KERNELS, NBITS, Blocks, LowBitGraph, kernel_block
 from modelshrink.runtime.files import CLASSIFIER, DECODER, DECODER_WITH_PAST, ENCODER
 
 AUTO = "auto"
@@ -80,7 +80,8 @@ def measure(k: int, n: int, candidates: list[tuple[str, int]], rows: tuple[int, 
     """Median seconds of one [rows, k] x [k, n] product for each (kernel, bits) candidate at each row count, the
     candidates taking turns so that a change of load hits them alike: {"kernel/bits": {rows: seconds}}."""
     threads = threads or len(os.sched_getaffinity(0))
-    sessions = {f"{kernel}/{bits}": _session(k, n, _synthetic(k, n, bits, block_size, zero_points), kernel, threads)
+    sessions = {f"{kernel}/{bits}": _session(k, n, _synthetic(k, n, bits, kernel_block(kernel, bits, block_size),
+                                                             zero_points), kernel, threads)
                 for kernel, bits in candidates}
     found: dict[str, dict[int, float]] = {name: {} for name in sessions}
     rng = np.random.default_rng(1)

@@ -51,10 +51,10 @@ from typing import Any
 import numpy as np
 
 DOMAIN = "com.microsoft"
+MAX_BLOCK = 256  # the 4- and 8-bit kernels are no faster with larger blocks; fewer scales to store
 # onnxruntime 1.32's 2-bit MatMulNBits at accuracy level 4 takes a slow path at block 256: at 4 rows, 1 thread,
-# 768x768 1.45 against 0.084 ms at block 128, 3072x768 7.0 against 0.28 (this machine, 2026-11-26); the 4- and
-# 8-bit kernels are no faster at 256
-MAX_BLOCK = 128
+# 768x768 1.45 against 0.084 ms at block 128, 3072x768 7.0 against 0.28 (this machine, 2026-11-26)
+MAX_BLOCK_2BIT = 128
 NBITS, INT8, FLOAT = "nbits", "int8", "float"  # how a matmul computes on stored codes (see the module's text)
 KERNELS = (NBITS, INT8, FLOAT)
 ACCURACY_INT8 = 4  # MatMulNBits' accuracy_level: activations rounded to int8 per block, integer products
@@ -147,6 +147,12 @@ def unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     per, mask = 8 // bits, (1 << bits) - 1
     codes = np.stack([(packed >> (bits * j)) & mask for j in range(per)], axis=-1)
     return codes.reshape(*packed.shape[:-1], -1)[..., :count].astype(np.uint8)
+
+
+def kernel_block(kernel: str, bits: int, block_size: int) -> int:
+    """The block size a weight blocked by `block_size` (a power of two) is stored with for `kernel` at `bits`:
+    at most MAX_BLOCK_2BIT for 2-bit MatMulNBits, else `block_size` itself."""
+    return min(block_size, MAX_BLOCK_2BIT) if kernel == NBITS and bits == 2 else block_size
 
 
 def block_size_for(k: int, most: int = MAX_BLOCK) -> int | None:
