@@ -106,9 +106,11 @@ def test_measure_times_every_candidate_at_every_row_count():
 
 
 def test_the_option_lists_every_kernel():
-    from modelshrink.options.export import KERNEL_CHOICES
+    from modelshrink.onnx.compress import ROUNDINGS
+    from modelshrink.options.export import KERNEL_CHOICES, ROUNDING_CHOICES
 
     assert KERNEL_CHOICES == kernels.CHOICES
+    assert ROUNDING_CHOICES == ("auto", *ROUNDINGS)
 
 
 def test_an_automatic_export_records_what_it_measured_and_takes_the_fastest_or_a_tie(ternary, tmp_path):

@@ -11,6 +11,7 @@ LAYOUTS = ("optimum", "transformers.js")  # the folder layouts `export` writes (
 
 CHECK = "Validation against PyTorch"
 MIN_OPSET, MAX_OPSET = 14, 20
+ROUNDING_CHOICES = ("auto", "model", "none", "kernel")  # "auto", then modelshrink.onnx.compress.ROUNDINGS
 KERNEL_CHOICES = ("auto", "nbits", "int8", "float")  # modelshrink.onnx.kernels.CHOICES  # 14: the attention ops of these models; 20: the newest the torch exporter writes
 
 
@@ -47,7 +48,7 @@ class ExportOptions(Options):
                                            "model); kernel: as none, but each integer kernel rounds its input its "
                                            "own way (the uint8 kernel per tensor, as --int8's; MatMulNBits per block "
                                            "of K), which lets --kernel auto weigh MatMulNBits. auto: none.",
-                                   choices=("auto", "none", "model", "kernel"))
+                                   choices=ROUNDING_CHOICES)
     per_channel: bool | None = opt(None, "With --int8: one weight scale per output channel (--no-per-channel: one per "
                                          "tensor). [default: per channel]")
     merge: bool = opt(True, "Seq2seq: one decoder_model_merged.onnx (an If between first step and steps with past, "
