@@ -229,6 +229,40 @@ def test_with_the_kernels_rounding_each_integer_kernel_rounds_its_own_input_and_
     assert 0 < report["validation"]["rms_ratio"] < 0.1  # 8-bit rounding noise, not a broken graph (~1)
 
 
+def test_a_ternary_weight_on_the_four_bit_kernel_is_stored_in_two_bits(ternary, tmp_path, monkeypatch):
+    """4-bit MatMulNBits is the fastest kernel for most ternary weights on this machine; its codes are kept in 2 bits
+    on disk and widened when the graph loads, so the choice costs the folder nothing."""
+    import onnx
+
+    def four_bits_fastest(k, n, candidates, rows, block_size, zero_points=False, threads=None):
+        return {f"{kernel}/{bits}": {r: 1.0 if (kernel, bits) == ("nbits", 4) else 2.0 for r in rows}
+                for kernel, bits in candidates}
+
+    monkeypatch.setattr(kernels, "measure", four_bits_fastest)
+    out = tmp_path / "nbits4"
+    result = runner.invoke(app, ["export", str(ternary), "-o", str(out), "--activation-rounding", "kernel", *FAST])
+    assert result.exit_code == 0, result.output  # the check against the quantized PyTorch model passes
+    report = json.loads((out / "export_report.json").read_text())
+    for name in ("encoder_model.onnx", "decoder_model_merged.onnx"):
+        storage = report["storage"].get(name) or report["storage"]["decoder_with_past_model.onnx"]
+        assert storage["low_bit_widths"] == [2], name
+        graph = onnx.load(str(out / name)).graph
+        nbits = [n for n in graph_nodes(graph) if n.op_type == "MatMulNBits"]
+        assert nbits and all(a.i == 4 for n in nbits for a in n.attribute if a.name == "bits"), name
+        # no 4-bit codes on disk: each kernel reads codes that nodes widen from the stored ones when a session loads
+        stored = {i.name for i in graph.initializer}
+        assert not any(n.input[1] in stored for n in nbits), name
+    monkeypatch.undo()
+    named = tmp_path / "nbits2"  # the same model on 2-bit kernels stores the same bytes of weights (the widening
+    # nodes add a few hundred bytes a weight: a tiny model's graph is mostly nodes, a real one's mostly weights)
+    result = runner.invoke(app, ["export", str(ternary), "-o", str(named), "--activation-rounding", "kernel",
+                                 "--kernel", "nbits", "--no-validate"])
+    assert result.exit_code == 0, result.output
+    size = {d: sum(len(i.raw_data) for f in d.glob("*.onnx") for i in onnx.load(str(f)).graph.initializer)
+            for d in (out, named)}
+    assert abs(size[out] - size[named]) < 0.05 * size[named], size
+
+
 def test_a_merged_decoder_unpacks_each_weight_once(ternary_int8, tmp_path):
     import onnx
     import onnxruntime as ort

@@ -158,8 +158,9 @@ def test_packing_at_two_four_and_eight_bits_is_what_onnxruntime_reads(tmp_path, 
     from modelshrink.onnx.lowbit import DOMAIN, LowBitGraph, integer_blocks, pack, unpack
 
     rng = np.random.default_rng(0)
-    for bits in (2, 4, 8):
-        top = 2 ** (bits - 1) - 1
+    # (bits the kernel reads, bits stored): a ternary weight read by 4-bit kernels is stored in 2 bits
+    for bits, stored in ((2, 2), (4, 4), (8, 8), (4, 2)):
+        top = 2 ** (stored - 1) - 1
         b = rng.integers(-top, top + 1, (48, 10)).astype(np.int8)
         scale = rng.random(10).astype(np.float32) + 0.5
         blocks = integer_blocks(b, scale, bits, 16)
@@ -177,12 +178,14 @@ def test_packing_at_two_four_and_eight_bits_is_what_onnxruntime_reads(tmp_path, 
         rewrite = LowBitGraph(model)
         tied = [i for i in model.graph.initializer if i.name == "w"]
         table = [i for i in model.graph.initializer if i.name == "t"][0]
-        assert rewrite.as_tied(table, tied, blocks, kernel) == 1
+        assert rewrite.as_tied(table, tied, blocks, kernel, stored) == 1
         rewrite.finish()
         assert {o.domain for o in model.opset_import} >= {DOMAIN}
-        # the codes (and their scales) stored once: the lookup and the matmul read the same bytes
-        assert sum(i.data_type == onnx.TensorProto.UINT8 and len(i.dims) == 3 for i in model.graph.initializer) == 1
-        path = tmp_path / f"m{bits}.onnx"
+        # the codes (and their scales) stored once, `stored` bits a code: the lookup and the matmul read those bytes
+        codes = [i for i in model.graph.initializer if i.data_type == onnx.TensorProto.UINT8 and len(i.dims) == 3]
+        assert [list(i.dims) for i in codes] == [[10, 3, 16 * stored // 8]]
+        assert rewrite.summary("x")["x_widths"] == [stored]
+        path = tmp_path / f"m{bits}-{stored}.onnx"
         onnx.save(model, str(path))
         a, ids = rng.standard_normal((3, 48)).astype(np.float32), np.array([[0, 9], [3, 3]])
         y, e = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"a": a, "ids": ids})

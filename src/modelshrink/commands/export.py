@@ -28,8 +28,8 @@ For transformers.js (graphs in onnx/, named by weight type; bart, t5 and classif
 
     modelshrink export runs/student -o runs/student-js --layout transformers.js --int8
 
-A ternary or 4-bit `quantize` artifact keeps its low bits (4-bit codes that onnxruntime's MatMulNBits and
-GatherBlockQuantized read; 5-8-bit weights as int8, scaled back to float when the graph loads):
+A `quantize` artifact keeps its low bits (ternary weights as 2-bit codes, 3-4-bit as 4-bit, 5-8-bit as 8-bit),
+each matmul on the integer kernel measured fastest for it (--kernel; the table is in export_report.json):
 
     modelshrink export runs/student-228 -o runs/student-228-onnx
 

@@ -30,7 +30,8 @@ ROUNDINGS = ("model", "none", "kernel")  # whose rounding of the activations a q
 def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice, rounding: str = "model") -> dict[str, Any]:
     """Rewrite the graph at `path`: every matmul weight and embedding table that is α·b with integer b (one α per
     tensor, per output column of a matmul, or per row of a table) is stored as codes of its own width (ternary
-    2 bits, 3-4-bit weights 4, 5-8-bit weights 8; a table and its tied projection share one copy) and computes
+    2 bits, 3-4-bit weights 4, 5-8-bit weights 8; a ternary weight computing with the 4-bit kernel is widened when
+    the graph loads; a table and its tied projection share one copy) and computes
     with the kernel `choice` measures fastest for it (`modelshrink.onnx.kernels`). `rounding` says whose rounding
     of the activations the graph computes:
     - "model" and "none": a matmul's input that the model rounds keeps the model's rounding: only kernels that
@@ -69,10 +70,12 @@ def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice, roundi
             continue  # one α per row of the table (or for all): the blocks of its transpose, one column a row
         b, scale, _ = found
         tied = [inits[name] for name in pairs.get(init.name, [])]
-        options = exact([t.name for t in tied], kernels.candidates_for(_threshold(b, thresholds)))
+        threshold = _threshold(b, thresholds)
+        options = exact([t.name for t in tied], kernels.candidates_for(threshold))
         kernel, bits = choice.choose(b.shape[1], b.shape[0], options, size) if tied else options[-1]
         size = lowbit.kernel_block(kernel, bits, size)
-        matmuls += graph.as_tied(init, tied, lowbit.integer_blocks(b.T, scale, bits, size), kernel)
+        matmuls += graph.as_tied(init, tied, lowbit.integer_blocks(b.T, scale, bits, size), kernel,
+                                 kernels.stored_bits(threshold, bits))
         done.update(name for name in pairs.get(init.name, []))
         tables += 1
     for init in [i for i in model.graph.initializer if i.name not in done and graph.matmul_weight(i)]:
@@ -80,10 +83,12 @@ def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice, roundi
         if found is not None and (not found[1].ndim or found[2] == 1):  # one α per output column (or for all)
             b, scale, _ = found
             size = lowbit.block_size_for(b.shape[0]) or 16
-            options = exact([init.name], kernels.candidates_for(_threshold(b, thresholds)))
+            threshold = _threshold(b, thresholds)
+            options = exact([init.name], kernels.candidates_for(threshold))
             kernel, bits = choice.choose(*b.shape, options, size)
             size = lowbit.kernel_block(kernel, bits, size)
-            matmuls += graph.as_matmul(init, lowbit.integer_blocks(b, scale, bits, size), kernel=kernel)
+            matmuls += graph.as_matmul(init, lowbit.integer_blocks(b, scale, bits, size), kernel=kernel,
+                                       stored_bits=kernels.stored_bits(threshold, bits))
     graph.finish()
     codes = integer_activations(model.graph, graph.integer_nodes) if rounding != "kernel" else 0
     unrounded = take_out_rounding(model.graph, graph.integer_nodes)

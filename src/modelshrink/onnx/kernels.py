@@ -159,3 +159,10 @@ def candidates_for(threshold: int | None) -> list[tuple[str, int]]:
         return [(NBITS, 4), (FLOAT, 4)]
     widths = [2, 4] if threshold == 1 else [4] if threshold <= 7 else [8]
     return [(NBITS, bits) for bits in widths] + [(INT8, widths[0]), (FLOAT, widths[0])]
+
+
+def stored_bits(threshold: int | None, bits: int) -> int:
+    """How wide the codes of a weight computing at `bits` are stored: a ternary weight (threshold 1) in 2 bits
+    whatever its kernel reads (4-bit MatMulNBits, measured faster than the 2-bit one at every shape, widens them
+    when the graph loads, so the folder keeps 2 bits a weight), any other at the kernel's width."""
+    return 2 if threshold == 1 else bits

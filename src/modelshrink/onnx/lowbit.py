@@ -19,7 +19,8 @@ one packed copy; the lookup's [..., n_blocks, block_size] is reshaped to [..., D
 
 How a matmul computes on those codes is chosen per weight (`modelshrink.onnx.kernels` measures the choice):
 - `nbits`: MatMulNBits on the codes, `accuracy_level` 4: the activations are rounded to int8 per block of K
-  and multiplied in integers;
+  and multiplied in integers. Codes may be stored narrower than the kernel reads them (a ternary weight in 2 bits
+  for the 4-bit kernel, the faster one): constant nodes widen them when the session loads (`Blocks.narrowed`);
 - `int8`: onnxruntime's uint8 kernel on the codes as uint8 b + 128, one scale per output column; only for
   symmetric weights with one scale per column (a `quantize` artifact's), which it then holds exactly. Where the
   model rounds the matmul's input itself (its activation bits), MatMulIntegerToFloat reads the model's own codes
@@ -129,6 +130,19 @@ class Blocks:
         zero = self.zero_points if self.zero_points is not None else np.full(self.scales.shape, 2 ** (self.bits - 1))
         values = (self.codes.astype(np.float32) - zero[..., None].astype(np.float32)) * self.scales[..., None]
         return values.reshape(self.n, -1)[:, :self.k].T
+
+    def narrowed(self, bits: int) -> Blocks:
+        """The same weight in `bits`-wide codes under that width's default zero point: each code moves down by
+        2^(self.bits-1) - 2^(bits-1). Only for codes that fit (a ternary weight's 4-bit codes 7, 8, 9 are the
+        2-bit codes 1, 2, 3)."""
+        if bits == self.bits:
+            return self
+        if self.zero_points is not None or bits > self.bits:
+            raise ValueError("only codes under the default zero point narrow, and only to fewer bits")
+        codes = self.codes.astype(np.int16) - (2 ** (self.bits - 1) - 2 ** (bits - 1))
+        if codes.min() < 0 or codes.max() >= 2 ** bits:
+            raise ValueError(f"these {self.bits}-bit codes do not fit in {bits} bits")
+        return Blocks(codes.astype(np.uint8), self.scales, None, bits, self.k)
 
 
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -291,6 +305,45 @@ class LowBitGraph:
         nodes.append(helper.make_node("Slice", [name, start, end, axis], [f"{name}_{count}"]))
         return f"{name}_{count}"
 
+    def _widened(self, packed: tuple[str, str, str | None], stored: Blocks, bits: int) -> str:
+        """Nodes that turn codes stored `stored.bits` wide into MatMulNBits' `bits`-wide codes [N, n_blocks,
+        block_size · bits / 8], folded by onnxruntime when it loads the graph: each code moves up by the zero
+        points' difference 2^(bits-1) - 2^(stored.bits-1), and 8 / bits codes share a byte, the first in the
+        lowest bits (a ternary weight is stored in 2 bits and computes with the 4-bit kernel)."""
+        from onnx import helper
+
+        codes = packed[0]
+        if (codes, f"{NBITS}/{bits}") in self.unpacked:
+            return self.unpacked[(codes, f"{NBITS}/{bits}")][0]
+        n, groups = stored.scales.shape
+        per, nodes = 8 // bits, []
+        by_row = self._codes_by_row(codes, stored.bits, n, groups * stored.block_size, nodes)
+        offset = self._load_time(f"lowbit_widen_{stored.bits}_{bits}",
+                                 np.array(2 ** (bits - 1) - 2 ** (stored.bits - 1), dtype=np.uint8))
+        by_byte = self._load_time(f"lowbit_shape_{n}_-1_{per}", np.array([n, -1, per], dtype=np.int64))
+        nodes += [helper.make_node("Add", [by_row, offset], [f"{codes}_w{bits}"]),
+                  helper.make_node("Reshape", [f"{codes}_w{bits}", by_byte], [f"{codes}_w{bits}_by_byte"])]
+        total = ""
+        for j in range(per):  # code j of each byte, shifted to its place, summed (the places do not overlap)
+            start, end, axis = (self._load_time(f"lowbit_{w}_{v}", np.array([v], dtype=np.int64))
+                                for w, v in (("start", j), ("end", j + 1), ("axis", 2)))
+            part = f"{codes}_w{bits}_{j}"
+            nodes.append(helper.make_node("Slice", [f"{codes}_w{bits}_by_byte", start, end, axis], [part]))
+            if j:
+                shift = self._load_time(f"lowbit_shift_{bits * j}", np.array(bits * j, dtype=np.uint8))
+                nodes.append(helper.make_node("BitShift", [part, shift], [part + "_placed"], direction="LEFT"))
+                nodes.append(helper.make_node("Add", [total, part + "_placed"], [part + "_sum"]))
+                part += "_sum"
+            total = part
+        layout = self._load_time(f"lowbit_shape_{n}_{groups}_{stored.block_size * bits // 8}",
+                                 np.array([n, groups, stored.block_size * bits // 8], dtype=np.int64))
+        nodes.append(helper.make_node("Reshape", [total, layout], [f"{codes}_as_{bits}_bits"]))
+        for node in nodes:
+            node.name = node.output[0]
+        self.before += nodes
+        self.unpacked[(codes, f"{NBITS}/{bits}")] = (f"{codes}_as_{bits}_bits",)
+        return f"{codes}_as_{bits}_bits"
+
     def _unpacked(self, packed: tuple[str, str, str | None], blocks: Blocks, kernel: str) -> tuple[str, ...]:
         """Nodes that turn the stored codes into what `kernel` reads, folded by onnxruntime when it loads the graph:
         INT8: (uint8 b + 128 [K, N], scale per column [N], zero point 128 [N]); FLOAT: (weight [K, N],)."""
@@ -344,14 +397,18 @@ class LowBitGraph:
         return result
 
     def as_matmul(self, init: Any, blocks: Blocks, packed: tuple[str, str, str | None] | None = None,
-                  kernel: str = NBITS) -> int:
+                  kernel: str = NBITS, stored_bits: int | None = None) -> int:
         """Every MatMul reading `init` computes on the packed blocks with `kernel` (NBITS, INT8 or FLOAT, see the
-        module's text); returns the nodes changed."""
+        module's text); returns the nodes changed. `stored_bits` narrower than the blocks' bits stores their codes
+        that wide (`Blocks.narrowed`), widened for MatMulNBits when the graph loads."""
         from onnx import helper
 
         self._remove(init)
-        packed = packed or self._packed(init.name, blocks)
+        stored = blocks.narrowed(stored_bits or blocks.bits)
+        packed = packed or self._packed(init.name, stored)
         codes, scales, zero = packed
+        if kernel == NBITS and stored.bits != blocks.bits:
+            codes = self._widened(packed, stored, blocks.bits)
         users = self.consumers[init.name]
         for node in users:
             if kernel == NBITS:
@@ -361,9 +418,9 @@ class LowBitGraph:
                     block_size=blocks.block_size, accuracy_level=ACCURACY_INT8))
             elif kernel == INT8:
                 node.CopyFrom(helper.make_node("DynamicQuantizeMatMul", [node.input[0], *self._unpacked(
-                    packed, blocks, INT8)], [node.output[0]], name=node.name + "_int8", domain=DOMAIN))
+                    packed, stored, INT8)], [node.output[0]], name=node.name + "_int8", domain=DOMAIN))
             elif kernel == FLOAT:
-                node.input[1] = self._unpacked(packed, blocks, FLOAT)[0]
+                node.input[1] = self._unpacked(packed, stored, FLOAT)[0]
             else:
                 raise ValueError(f"unknown kernel {kernel!r}; expected one of {KERNELS}")
             self.kernels[kernel] = self.kernels.get(kernel, 0) + 1
@@ -397,11 +454,14 @@ class LowBitGraph:
                 helper.make_node("Concat", [out + "_ids_shape", width], [out + "_shape"], name=tag + "_shape", axis=0),
                 helper.make_node("Reshape", [out + "_blocks", out + "_shape"], [out], name=tag + "_rows")]))
 
-    def as_tied(self, table: Any, projections: list[Any], blocks: Blocks, kernel: str = NBITS) -> int:
-        """A table and the MatMul weights that are its transpose, stored once; returns the matmuls changed."""
-        packed = self._packed(table.name, blocks)
-        self.as_gather(table, blocks, packed)
-        return sum(self.as_matmul(init, blocks, packed, kernel) for init in projections)
+    def as_tied(self, table: Any, projections: list[Any], blocks: Blocks, kernel: str = NBITS,
+                stored_bits: int | None = None) -> int:
+        """A table and the MatMul weights that are its transpose, stored once (`stored_bits` wide, the lookup
+        reading those codes); returns the matmuls changed."""
+        stored = blocks.narrowed(stored_bits or blocks.bits)
+        packed = self._packed(table.name, stored)
+        self.as_gather(table, stored, packed)
+        return sum(self.as_matmul(init, blocks, packed, kernel, stored.bits) for init in projections)
 
     def summary(self, prefix: str) -> dict[str, int]:
         """What the rewrite stored, for the export report; `values - stored_values` corrects a parameter count
