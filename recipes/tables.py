@@ -394,7 +394,7 @@ def ackd(runs: Path, figures: Path, data: Path, teacher: Path, record: Path | No
             print(f"(no figure: {e})")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("table", choices=["teacher", "plate", "dqbart", "dqbart-mt", "ackd"])
     parser.add_argument("runs", nargs="?", default=None, type=Path,
@@ -406,7 +406,7 @@ def main() -> None:
     parser.add_argument("--record", type=Path, default=None,
                         help="ackd: keep each model's validation predictions here too, and table every model "
                              "recorded there (seeds of other sessions)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     runs = args.runs or Path("runs/repro/ackd" if args.table == "ackd" else "runs/repro")
     figures = args.figures or runs
     figures.mkdir(parents=True, exist_ok=True)

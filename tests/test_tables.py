@@ -22,10 +22,18 @@ def _metrics(rouge: float, against: dict | None = None, size: int | None = None)
 
 
 def _tables(*args: str) -> str:
-    """recipes/tables.py's stdout, after checking it exited cleanly."""
-    done = subprocess.run([sys.executable, str(TABLES), *args], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    """recipes/tables.py's stdout, run in this process (a subprocess would import torch again for each table)."""
+    import contextlib
+    import importlib.util
+    import io
+
+    spec = importlib.util.spec_from_file_location("recipes_tables", TABLES)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        module.main(list(args))
+    return out.getvalue()
 
 
 def _write(path: Path, data: dict) -> None:
