@@ -186,6 +186,9 @@ def test_ackd_table_keeps_each_models_predictions_and_tables_seeds_recorded_by_a
     kept = json.loads((record / "seed-0" / "student-ce.json").read_text())
     assert len(kept["predicted"]) == len(rows) and set(kept["predicted"]) <= {0, 1}
     assert "| CE only | 1 |" in one and "Teacher" in one
+    header = next(line for line in one.splitlines() if line.startswith("| student |"))
+    assert "| p vs ACKD |" in header  # Fig. 3 compares each ablation with ACKD
+    assert all(line.count("|") == header.count("|") for line in one.splitlines() if line.startswith("| CE only"))
     shutil.rmtree(first)  # the first session's weights are gone
     both = _tables("ackd", str(second), *common, "--teacher", str(tmp_path / "none"))
     assert "| CE only | 2 |" in both and "| KD (CE + KD) | 2 |" in both
