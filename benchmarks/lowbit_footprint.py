@@ -6,9 +6,10 @@
 
 On one model (default: a random BART of BART-base's shape, vocabulary 50265, built as benchmarks/peers.py
 builds it; or --model), each form is exported with `modelshrink export` (validation included):
-float32, `--int8`, `--int4`, and `quantize --method direct` artifacts at 2-2-8 (ternary), 4-4-8 and 8-8-8, and
-2-2-8 again with `--activation-rounding model` (the attention's own roundings kept, so it is not fused) and
-every width with `--activation-rounding kernel` (each integer kernel rounds its own input, as --int8's does).
+float32, `--int8`, `--int4`, and `quantize --method direct` artifacts at 2-2-8 (ternary), 4-4-8 and 8-8-8,
+each exported with the default `--activation-rounding` (auto: kernel, each integer kernel rounds its own input,
+as --int8's does) and again with `none` (the uint8 kernel on the model's own codes of each input), 2-2-8 also with
+`model` (the attention's own roundings kept, so it is not fused).
 For each: the bytes of its .onnx files, the ratio to float32 and to the --int8 folder, export seconds, the
 check's verdict and token agreement with PyTorch, the kernels its matmuls were given (`modelshrink.onnx.kernels`),
 batch-1 latency of the runtime (beam 4, 2 threads, p50 and p90 over --docs documents taken in turn by every form,
@@ -35,9 +36,10 @@ from _report import publish
 from peers import BASE, SMALL, build_model, read_documents
 
 QUANTIZED = ("2-2-8", "4-4-8", "8-8-8")
-# also exported with these --activation-rounding values (the default: none): model keeps the attention's own
-# roundings (so it is not fused); kernel leaves every matmul input's rounding to its integer kernel
-ROUNDINGS = {"2-2-8": ("model", "kernel"), "4-4-8": ("kernel",), "8-8-8": ("kernel",)}
+# also exported with these --activation-rounding values (the default, auto, is kernel: every matmul input's
+# rounding left to its integer kernel): none multiplies the model's own codes of each input (the uint8 kernel);
+# model keeps the attention's own roundings too (so it is not fused)
+ROUNDINGS = {"2-2-8": ("none", "model"), "4-4-8": ("none",), "8-8-8": ("none",)}
 
 
 def folder_bytes(folder: Path) -> int:

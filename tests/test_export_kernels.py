@@ -36,9 +36,11 @@ def ternary(plain_models, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ternary_int8(ternary, tmp_path_factory) -> Path:
-    """The ternary artifact exported with the uint8 kernel, unchecked (the tests below read its graphs)."""
+    """The ternary artifact exported with the uint8 kernel on the model's own codes of its inputs
+    (MatMulIntegerToFloat), unchecked (the tests below read its graphs)."""
     out = tmp_path_factory.mktemp("kernels-int8") / "onnx"
-    result = runner.invoke(app, ["export", str(ternary), "-o", str(out), "--kernel", "int8", "--no-validate"])
+    result = runner.invoke(app, ["export", str(ternary), "-o", str(out), "--kernel", "int8", "--activation-rounding",
+                                 "none", "--no-validate"])
     assert result.exit_code == 0, result.output
     return out
 
