@@ -5,7 +5,7 @@ int8 activations (`nbits`), onnxruntime's uint8 kernel on its codes unpacked at 
 `quantize` artifact's symmetric codes with one scale per column; on the model's own activation codes where the
 model rounds the input) or a float MatMul on the weight unpacked at load (`float`). For an input the model
 rounds, `auto` weighs only `int8` and `float`, which compute with that rounding, unless the export leaves the
-rounding to the kernels (`export --activation-rounding kernel`). Which is fastest depends on the
+rounding to the kernels (`export --activation-rounding kernel`, the default). Which is fastest depends on the
 weight's shape, its bits, the processor and how many rows the graph multiplies at once: an encoder multiplies
 every source token of every document (hundreds of rows), a decoder step one row per beam. So each candidate runs as a one-node graph at the rows its graph sees when serving at
 batch 1 and at batch 16 (`ROWS`), and the one with the smallest geometric mean of its median times wins, except
