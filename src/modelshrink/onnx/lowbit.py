@@ -397,14 +397,15 @@ class LowBitGraph:
         return result
 
     def as_matmul(self, init: Any, blocks: Blocks, packed: tuple[str, str, str | None] | None = None,
-                  kernel: str = NBITS, stored_bits: int | None = None) -> int:
+                  kernel: str = NBITS, stored_bits: int | None = None, stored: Blocks | None = None) -> int:
         """Every MatMul reading `init` computes on the packed blocks with `kernel` (NBITS, INT8 or FLOAT, see the
         module's text); returns the nodes changed. `stored_bits` narrower than the blocks' bits stores their codes
-        that wide (`Blocks.narrowed`), widened for MatMulNBits when the graph loads."""
+        that wide (`Blocks.narrowed`), widened for MatMulNBits when the graph loads; `stored` is those narrowed
+        blocks when the caller already has them (the codes `packed` holds)."""
         from onnx import helper
 
         self._remove(init)
-        stored = blocks.narrowed(stored_bits or blocks.bits)
+        stored = stored or blocks.narrowed(stored_bits or blocks.bits)
         packed = packed or self._packed(init.name, stored)
         codes, scales, zero = packed
         if kernel == NBITS and stored.bits != blocks.bits:
@@ -461,7 +462,7 @@ class LowBitGraph:
         stored = blocks.narrowed(stored_bits or blocks.bits)
         packed = self._packed(table.name, stored)
         self.as_gather(table, stored, packed)
-        return sum(self.as_matmul(init, blocks, packed, kernel, stored.bits) for init in projections)
+        return sum(self.as_matmul(init, blocks, packed, kernel, stored=stored) for init in projections)
 
     def summary(self, prefix: str) -> dict[str, int]:
         """What the rewrite stored, for the export report; `values - stored_values` corrects a parameter count
