@@ -8,9 +8,12 @@ seed. Every system gets the same documents (the Debian validation split of ../sh
 sample), beam 4 and outputs forced to --length tokens (minimum length = maximum length, EOS never allowed),
 so all of them do the same work; 2 intra-op threads, 1 inter-op thread each. Systems (--systems):
   torch      PyTorch eager, float32 (`model.generate`)
-  fp32 int8 int4   `modelshrink export` (plain, --int8, --int4), run by `modelshrink.runtime.load`
+  fp32 int8 int4   `modelshrink export` (plain, --int8, --int4), run by `modelshrink.runtime.load`; --int8 and
+                   --int4 take the integer kernel measured fastest on this machine for each weight
+  int8-u8          --int8 --kernel int8: every matmul on onnxruntime's uint8 kernel (what --int8 wrote before
+                   it measured its kernels)
   int8-traced      --int8 with --self-attention traced: the cache copied at every step instead of written in place,
-                   the cross-attention over the batch's longest source
+                   the cross-attention over the batch's longest source (not in the default systems)
   ct2-fp32 ct2-int8   CTranslate2 (pip install ctranslate2, or modelshrink[bench]), compute type float32 / int8
   optimum    Optimum's ORTModelForSeq2SeqLM, only when MODELSHRINK_OPTIMUM_PYTHON names a Python with
              optimum-onnx (it needs transformers 4, which cannot sit beside ours): a server in that interpreter
@@ -43,9 +46,12 @@ from _report import publish
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "debian-descriptions"
-SYSTEMS = ["torch", "fp32", "int8", "int8-traced", "int4", "ct2-fp32", "ct2-int8", "optimum"]
+SYSTEMS = ["torch", "fp32", "int8", "int8-u8", "int4", "ct2-fp32", "ct2-int8", "optimum"]
+EXPORTS = {"fp32": (None, {}), "int8": ("int8", {}), "int8-u8": ("int8", {"kernel": "int8"}),
+           "int8-traced": ("int8", {"self_attention": "traced"}), "int4": ("int4", {})}
 LABELS = {"torch": "PyTorch eager fp32", "fp32": "modelshrink runtime fp32", "int8": "modelshrink runtime int8",
           "int8-traced": "modelshrink runtime int8, attention traced",
+          "int8-u8": "modelshrink runtime int8, uint8 kernel",
           "int4": "modelshrink runtime int4", "ct2-fp32": "CTranslate2 fp32", "ct2-int8": "CTranslate2 int8",
           "optimum": "Optimum ORTModelForSeq2SeqLM fp32"}
 BASE = dict(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12, decoder_attention_heads=12,
@@ -236,7 +242,7 @@ def table(results: dict, sizes: dict, docs: int, notes: dict, bound: dict | None
 
 def against_bound(results: dict, bound: dict) -> str:
     """Each int8 system's batch-1 p50 as a multiple of the weight-streaming bound (issue 29: aim for <= 1.5x)."""
-    parts = [f"{LABELS[n]} {results[n]['p50'] / (bound['seconds'] * 1000):.2f}×" for n in ("int8", "ct2-int8")
+    parts = [f"{LABELS[n]} {results[n]['p50'] / (bound['seconds'] * 1000):.2f}×" for n in ("int8", "int8-u8", "ct2-int8")
              if n in results]
     return ("Batch-1 p50 against the weight-streaming bound (`streaming_bound` in the script: the weights a "
             f"decoder step multiplies read once from memory, × {bound['length']} steps, plus the encoder's; "
@@ -248,11 +254,10 @@ def prepare(args, work: Path, model_dir: Path, chosen: list[str], samples: Path,
     """Exports (timed), CTranslate2 conversions and the Optimum export, each unless --reuse finds it."""
     exports_file = work / "export_times.json"
     exports = json.loads(exports_file.read_text()) if args.reuse and exports_file.is_file() else {}
-    for name, flag in (("fp32", None), ("int8", "int8"), ("int8-traced", "int8"), ("int4", "int4")):
+    for name, (flag, more) in EXPORTS.items():
         if name in chosen and not (args.reuse and (work / f"export-{name}" / "modelshrink.json").is_file()):
-            log(f"modelshrink export {flag or 'fp32'}" + (" --self-attention traced" if "traced" in name else ""))
-            exports[name] = timed_export(model_dir, work / f"export-{name}", flag, samples,
-                                         **({"self_attention": "traced"} if "traced" in name else {}))
+            log(f"modelshrink export {flag or 'fp32'}" + "".join(f" --{k.replace('_', '-')} {v}" for k, v in more.items()))
+            exports[name] = timed_export(model_dir, work / f"export-{name}", flag, samples, **more)
     if optimum_python and "optimum" in chosen and not (args.reuse and (work / "optimum" / "config.json").is_file()):
         log("Optimum export")
         try:
@@ -331,7 +336,7 @@ def main() -> None:
     for name in [n for n in chosen if n not in notes]:
         if name == "torch":
             systems[name], sizes[name] = torch_system(model_dir, **common)
-        elif name in ("fp32", "int8", "int8-traced", "int4"):
+        elif name in EXPORTS:
             systems[name], sizes[name] = runtime_system(work / f"export-{name}", threads=args.threads, **common)
         elif name.startswith("ct2-"):
             systems[name], sizes[name] = ct2_system(work / name, model_dir, name[4:].replace("fp32", "float32"),

@@ -114,6 +114,50 @@ def test_classifier_int8_exports_with_integer_tables(classifier_path, tmp_path):
     assert report["failure"] is None and "agreement" in report["predictions"]
 
 
+@pytest.mark.parametrize("kernel", ["nbits", "float"])
+def test_int8_weights_on_the_other_kernels_are_the_same_uint8_codes_per_column(plain_models, tmp_path, kernel):
+    import onnx
+    from onnx import numpy_helper
+
+    from modelshrink.onnx import lowbit
+    from modelshrink.runtime import load
+
+    out = tmp_path / kernel
+    result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(out), "--int8", "--kernel", kernel,
+                                 *FAST])
+    assert result.exit_code == 0, result.output  # validated at --int8's tolerance
+    report = json.loads((out / "export_report.json").read_text())
+    storage = report["storage"]["encoder_model.onnx"]
+    assert storage["int8_kernels"] == {kernel: storage["int8_matmuls"]} and storage["int8_widths"] == [8]
+    graph = onnx.load(str(out / "encoder_model.onnx")).graph
+    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    assert not any(n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul") for n in graph.node)
+    assert not any(v.dtype == np.float32 and v.ndim == 2 and v.size >= 256 for v in inits.values())  # no float matrix
+    if kernel == "nbits":
+        nodes = [n for n in graph.node if n.op_type == "MatMulNBits"]
+        assert len(nodes) == storage["int8_matmuls"] and nodes
+        for node in nodes:
+            attrs = {a.name: a.i for a in node.attribute}
+            assert attrs["bits"] == 8 and attrs["accuracy_level"] == lowbit.ACCURACY_INT8
+            scales = inits[node.input[2]].reshape(attrs["N"], -1)
+            zero = inits[node.input[3]].reshape(attrs["N"], -1)
+            # one scale and zero point a column, as the uint8 kernel's (every block of a column repeats them)
+            assert (scales == scales[:, :1]).all() and (zero == zero[:, :1]).all()
+    texts = ["a b c d", "e f g h i j"]
+    assert len(load(out).summarize(texts, max_length=5, num_beams=1)) == 2
+
+
+def test_int8_export_measures_its_kernels_and_records_the_choice(plain_models, tmp_path):
+    out = tmp_path / "auto"
+    result = runner.invoke(app, ["export", str(plain_models["t5"]), "-o", str(out), "--int8", *FAST])
+    assert result.exit_code == 0, result.output
+    storage = json.loads((out / "export_report.json").read_text())["storage"]
+    for name in ("encoder_model.onnx", "decoder_with_past_model.onnx"):
+        assert storage[name]["kernels"]["kernel"] == "auto" and storage[name]["kernels"]["measured"]
+        assert sum(storage[name]["int8_kernels"].values()) == storage[name]["int8_matmuls"] > 0
+    assert "int8: " in result.output and "matmuls" in result.output
+
+
 def test_int8_export_is_per_channel_validated_and_runs(plain_models, tmp_path):
     import numpy as np
     import onnx
@@ -121,7 +165,9 @@ def test_int8_export_is_per_channel_validated_and_runs(plain_models, tmp_path):
 
     from modelshrink.runtime import load
 
-    result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(tmp_path / "int8"), "--int8", *FAST])
+    # the uint8 kernel named: onnxruntime's dynamic quantization writes its graphs (auto may take MatMulNBits below)
+    result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(tmp_path / "int8"), "--int8",
+                                 "--kernel", "int8", *FAST])
     assert result.exit_code == 0, result.output  # the check passes at the stated int8 tolerance
     manifest = read_manifest(tmp_path / "int8")
     assert manifest["resolved"]["weights"].startswith("int8") and manifest["options"]["per_channel"] is True

@@ -14,7 +14,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "peers.py"
 
 def test_peers_small_run_measures_every_available_system(tmp_path, monkeypatch, capsys):
     has_ct2 = importlib.util.find_spec("ctranslate2") is not None
-    systems = "torch,fp32,int8,int4" + (",ct2-fp32,ct2-int8" if has_ct2 else "")
+    systems = "torch,fp32,int8,int8-u8,int4" + (",ct2-fp32,ct2-int8" if has_ct2 else "")
     # the script's main() in this process (a process of its own would only import torch again); it sets torch's
     # threads for timings, which are not checked here: the intra-op count comes back after, and the inter-op
     # pool, which a process may size only once, is left as it is
@@ -32,7 +32,7 @@ def test_peers_small_run_measures_every_available_system(tmp_path, monkeypatch, 
     result = capsys.readouterr()
     rows = {line.split(" | ")[0].strip("| ") for line in result.out.splitlines() if line.startswith("| ")}
     assert {"PyTorch eager fp32", "modelshrink runtime fp32", "modelshrink runtime int8",
-            "modelshrink runtime int4"} <= rows
+            "modelshrink runtime int4", "modelshrink runtime int8, uint8 kernel"} <= rows
     report = json.loads((tmp_path / "peers.json").read_text())
     assert set(report["results"]) == set(systems.split(","))
     for name, got in report["results"].items():

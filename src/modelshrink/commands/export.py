@@ -16,7 +16,8 @@ checked against PyTorch on documents from the validation set:
 
     modelshrink export runs/student -o runs/student-onnx --data valid.jsonl
 
-int8 for CPU serving (onnxruntime dynamic quantization, one weight scale per output channel):
+int8 for CPU serving (one weight scale per output channel; each matmul on the integer kernel measured
+fastest on this machine, onnxruntime's uint8 kernel or MatMulNBits):
 
     modelshrink export runs/student -o runs/student-onnx-int8 --int8
 

@@ -8,9 +8,10 @@ the traced graphs (the exporter renames and transposes linear weights, but it ke
   kernel on the model's own codes of its input (`integer_activations`), exactly the quantized product;
 - `compact_quantized`: the rest (a weight no such op reads) as int8 with a Cast and a Mul by its scale (per
   tensor, row or column), which onnxruntime folds into a float weight on load; about 4x smaller than float32.
-- `quantize_int8` (`--int8`): onnxruntime's dynamic quantization (8-bit weights with one scale per output
-  column, integer matmuls with activations quantized on the fly), then `quantize_embeddings`: embedding
-  tables in int8 with a scale per row. See `quantize_int8` for the choices and what they measured.
+- `quantize_int8` (`--int8`): 8-bit weights with one scale and zero point per output column, each matmul on the
+  integer kernel measured fastest for it (onnxruntime's uint8 kernel, as its dynamic quantization gives, or
+  MatMulNBits at 8 bits), activations quantized on the fly; then `quantize_embeddings`: embedding tables in int8
+  with a scale per row. See `quantize_int8` for the choices and what they measured.
 """
 
 from __future__ import annotations
@@ -365,33 +366,86 @@ def quantize_embeddings(path: Path) -> int:
     return changed
 
 
-def quantize_int8(path: Path, per_channel: bool) -> None:
-    """onnxruntime dynamic quantization: 8-bit weights (one scale and zero point per output column with
-    `per_channel`), activations quantized per call, matmuls in integers. Only MatMuls with a constant
-    weight: attention's activation-by-activation products stay float. Embedding tables become int8 with
-    one scale per row (`quantize_embeddings`): on a trained 6-2 MiniLM student (200 Debian documents) that
-    kept ROUGE-1 at 22.6 (float32: 22.5) with 137 summaries equal to float32's, where onnxruntime's own
-    Gather quantization (one scale per table) gave 21.7 and 116, and float tables 22.3 and 127 at 2.4x
-    the size.
+def uint8_blocks(weight: np.ndarray, block_size: int, per_channel: bool = True) -> lowbit.Blocks:
+    """A [K, N] weight as asymmetric uint8 codes with one scale and zero point per output column (`per_channel`)
+    or for the whole tensor, as onnxruntime's dynamic quantization rounds a QUInt8 weight: the range
+    [min(0, lowest), max(0, highest)] in 255 steps, so that 0 is a code. Blocked along K by `block_size` for
+    MatMulNBits (every block of a column repeating the column's scale and zero point); K that is not a multiple
+    of it is padded with the zero point."""
+    k, n = weight.shape
+    axis = 0 if per_channel else None
+    low = np.minimum(weight.min(axis=axis), 0).astype(np.float32)
+    high = np.maximum(weight.max(axis=axis), 0).astype(np.float32)
+    scale = ((high - low) / 255).astype(np.float32)
+    scale = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
+    zero = np.clip(np.round(-low / scale), 0, 255)
+    codes = np.clip(np.round(weight / scale) + zero, 0, 255)
+    scale, zero = np.broadcast_to(scale, (n,)), np.broadcast_to(zero, (n,))
+    groups = -(-k // block_size)
+    padded = np.broadcast_to(zero, (groups * block_size, n)).copy()
+    padded[:k] = codes
+    return lowbit.Blocks(padded.T.reshape(n, groups, block_size).astype(np.uint8),
+                         np.ascontiguousarray(np.repeat(scale[:, None], groups, axis=1), dtype=np.float32),
+                         np.repeat(zero[:, None], groups, axis=1).astype(np.uint8), 8, k)
+
+
+def quantize_int8(path: Path, per_channel: bool, choice: KernelChoice) -> dict[str, Any]:
+    """`--int8`: 8-bit weights with one scale and zero point per output column (`per_channel`; else one per
+    tensor), activations quantized per call, matmuls in integers, and embedding tables in int8 with one scale
+    per row (`quantize_embeddings`). Only matmuls with a constant weight: attention's activation-by-activation
+    products stay float. Returns what was stored and how.
+
+    Every MatMul whose B is a 2-D float initializer computes with the kernel `choice` measures fastest for its
+    shape and rows (`modelshrink.onnx.kernels`): onnxruntime's uint8 kernel (its dynamic quantization writes it:
+    the input rounded to uint8 per tensor), MatMulNBits at 8 bits on the same codes (`uint8_blocks`; the input
+    rounded to int8 per block of K, integer products), or a float MatMul on those codes unpacked at load. On an
+    AVX2 machine without VNNI the uint8 kernel won nearly every weight of the quantize artifacts; on an AVX-512
+    VNNI one MatMulNBits won every one (BENCHMARKS.md, lowbit). The uint8 kernel's weights, and any other (Gemm's,
+    or a MatMul weight that other ops read too), go through onnxruntime's dynamic quantization.
 
     Weights are unsigned: with signed weights onnxruntime multiplies u8 activations by s8 weights with
     AVX2's vpmaddubsw, which adds two products into a saturating int16 (2 x 255 x 127 > 32767); without
     VNNI (this project's 2-core machine) per-channel scales push every column to +-127, so sums clip, and
     the tiny test models' logits moved by 31% (RMS) against 1-4% with u8 weights, whose u8 x u8 kernel
     widens to int16 before multiplying and is exact. On the MiniLM teacher u8 per channel is also the
-    most accurate (logits 10% RMS; s8 per channel 11%, s8 per channel 7-bit 11%, s8 per tensor 26%)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
+    most accurate (logits 10% RMS; s8 per channel 11%, s8 per channel 7-bit 11%, s8 per tensor 26%). Per-row
+    tables rather than onnxruntime's one scale per table: on a trained 6-2 MiniLM student (200 Debian documents)
+    they kept ROUGE-1 at 22.6 (float32: 22.5) with 137 summaries equal to float32's, where onnxruntime's own
+    Gather quantization gave 21.7 and 116, and float tables 22.3 and 127 at 2.4x the size."""
     import logging
 
-    tmp = path.with_suffix(".int8.onnx")
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # its advice to run pre-processing is logged on the root logger, once a graph
-    try:
-        quantize_dynamic(str(path), str(tmp), per_channel=per_channel, weight_type=QuantType.QUInt8,
-                         op_types_to_quantize=["MatMul", "Gemm"], extra_options={"MatMulConstBOnly": True})
-    finally:
-        root.setLevel(level)
-    tmp.replace(path)
-    quantize_embeddings(path)
+    import onnx
+    from onnx import numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model = onnx.load(str(path))
+    graph = lowbit.LowBitGraph(model)
+    nodes = weights = 0
+    for init in [i for i in model.graph.initializer if graph.matmul_weight(i)]:
+        k, n = init.dims
+        block = lowbit.block_size_for(k) or 32
+        kernel = choice.choose(k, n, kernels.INT8_CANDIDATES, block, zero_points=True)[0]
+        weights += 1
+        if kernel == lowbit.INT8:  # left to onnxruntime's quantization below: the same codes, its own graph form
+            users = len(graph.consumers[init.name])
+            graph.kernels[kernel] = graph.kernels.get(kernel, 0) + users
+            nodes += users
+            continue
+        nodes += graph.as_matmul(init, uint8_blocks(numpy_helper.to_array(init), block, per_channel), kernel=kernel)
+    graph.finish()
+    onnx.save(model, str(path))
+    if any(node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in
+           {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT} for node in model.graph.node):
+        tmp = path.with_suffix(".int8.onnx")
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(logging.ERROR)  # its advice to run pre-processing is logged on the root logger, once a graph
+        try:
+            quantize_dynamic(str(path), str(tmp), per_channel=per_channel, weight_type=QuantType.QUInt8,
+                             op_types_to_quantize=["MatMul", "Gemm"], extra_options={"MatMulConstBOnly": True})
+        finally:
+            root.setLevel(level)
+        tmp.replace(path)
+    tables = quantize_embeddings(path)
+    return {"int8_matmuls": nodes, "int8_weights": weights, "int8_tables": tables, "kernels": choice.report(),
+            **graph.summary("int8")}

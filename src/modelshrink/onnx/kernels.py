@@ -11,7 +11,8 @@ every source token of every document (hundreds of rows), a decoder step one row 
 batch 1 and at batch 16 (`ROWS`), and the one with the smallest geometric mean of its median times wins, except
 that candidates within `MARGIN` of it count as tied (run-to-run noise on a busy machine moves near-equal kernels
 past each other: BART-base's 768x768 weights measured nbits 0.32 / float 0.35 ms, then 0.28 / 0.28) and the tie
-goes to the one reading the fewest weight bytes a call, so that exporting twice gives the same graph; the
+goes to the one reading the fewest weight bytes a call (among equals, MatMulNBits, then the uint8 kernel, then
+float), so that exporting twice gives the same graph unless the times straddle the margin; the
 export report keeps every time. The measurement is of the machine that exports: export on the kind of machine
 that serves, or name the kernel (`--kernel`).
 """
@@ -49,7 +50,8 @@ def _synthetic(k: int, n: int, bits: int, block_size: int, zero_points: bool) ->
     rng = np.random.default_rng(0)
     groups = -(-k // block_size)
     codes = rng.integers(0, 2 ** bits, size=(n, groups, block_size), dtype=np.uint8)
-    zero = rng.integers(0, 2 ** bits, size=(n, groups), dtype=np.uint8) if zero_points else None
+    # one zero point a column (the uint8 kernel holds no more), repeated over its blocks
+    zero = np.repeat(rng.integers(0, 2 ** bits, size=(n, 1), dtype=np.uint8), groups, axis=1) if zero_points else None
     return Blocks(codes, np.full((n, groups), 0.01, dtype=np.float32), zero, bits, k)
 
 
@@ -133,7 +135,7 @@ class KernelChoice:
                      for name, by_rows in times.items()}
             fastest = min(score.values())
             best = min((name for name in score if score[name] <= fastest * MARGIN),
-                       key=lambda name: (_bytes_read(name), score[name]))
+                       key=lambda name: (_bytes_read(name), KERNELS.index(name.split("/")[0]), score[name]))
             self.measured[shared] = {"chosen": best, "ms": {name: {str(r): round(t * 1e3, 4) for r, t in by_rows.items()}
                                                             for name, by_rows in times.items()}}
         self.decisions[key] = self.measured[shared]
@@ -149,6 +151,9 @@ def _bytes_read(name: str) -> float:
     float32 weight for int8 and float."""
     kernel, bits = name.split("/")
     return int(bits) / 8 if kernel == NBITS else BYTES_READ[kernel]
+
+
+INT8_CANDIDATES = [(NBITS, 8), (INT8, 8), (FLOAT, 8)]  # --int8's codes: uint8, one scale and zero point a column
 
 
 def candidates_for(threshold: int | None) -> list[tuple[str, int]]:

@@ -29,7 +29,7 @@ from modelshrink.runtime.files import DEQUANTIZED, DTYPE_SUFFIXES, INT8_SCALED, 
 # export is there too.
 TRANSFORMERS_JS_SEQ2SEQ = ("bart", "mbart", "marian", "m2m_100", "t5", "mt5")
 # modelshrink.json's resolved "weights" (see modelshrink.steps.export._weights) -> transformers.js's dtype of the graphs
-DTYPES = {"float32": "fp32", "int8 (onnxruntime dynamic)": "q8", "int4 (": "q4", "quantized: 2": "q4",
+DTYPES = {"float32": "fp32", "int8 (": "q8", "int4 (": "q4", "quantized: 2": "q4",
           "quantized: 3": "q4", "quantized: 4": "q4", "quantized: 8": "q8", INT8_SCALED: "int8", DEQUANTIZED: "int8"}
 
 

@@ -145,6 +145,15 @@ class Blocks:
         return Blocks(codes.astype(np.uint8), self.scales, None, bits, self.k)
 
 
+def per_column(blocks: Blocks) -> bool:
+    """Whether the uint8 kernel holds `blocks` exactly: one scale a column, and either the default zero point or
+    8-bit codes with one zero point a column."""
+    same_scale = bool(np.all(blocks.scales == blocks.scales[:, :1]))
+    if blocks.zero_points is None:
+        return same_scale
+    return same_scale and blocks.bits == 8 and bool(np.all(blocks.zero_points == blocks.zero_points[:, :1]))
+
+
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
     """8 / bits codes a byte along the last axis (padded with zeros), the first in the lowest bits."""
     per = 8 // bits
@@ -357,16 +366,24 @@ class LowBitGraph:
         n, groups, bits = blocks.n, blocks.scales.shape[1], blocks.bits
         nodes: list[Any] = []
         if kernel == INT8:
-            if blocks.zero_points is not None or not np.all(blocks.scales == blocks.scales[:, :1]):
-                raise ValueError("the int8 kernel takes symmetric codes with one scale per column")
-            offset = self._load_time(f"lowbit_to_u8_{bits}", np.array(128 - 2 ** (bits - 1), dtype=np.uint8))
+            if not per_column(blocks):
+                raise ValueError("the int8 kernel takes one scale per column, and zero points only with 8-bit codes "
+                                 "and one per column")
             first = self._load_time("lowbit_first_block", np.array(0, dtype=np.int64))
-            nodes += [helper.make_node("Add", [self._codes_by_row(codes, bits, n, blocks.k, nodes), offset],
-                                       [f"{codes}_u8_rows"]),
-                      helper.make_node("Transpose", [f"{codes}_u8_rows"], [f"{codes}_u8"], perm=[1, 0]),
+            by_row = self._codes_by_row(codes, bits, n, blocks.k, nodes)
+            if zero is None:  # symmetric codes b + 2^(bits-1) as uint8 b + 128 under the zero point 128
+                offset = self._load_time(f"lowbit_to_u8_{bits}", np.array(128 - 2 ** (bits - 1), dtype=np.uint8))
+                nodes.append(helper.make_node("Add", [by_row, offset], [f"{codes}_u8_rows"]))
+                by_row = f"{codes}_u8_rows"
+                column_zero = self._load_time(f"lowbit_zero_128_{n}", np.full(n, 128, dtype=np.uint8))
+            else:  # 8-bit codes are uint8 already; each column's zero point is its first block's
+                nodes += [helper.make_node("Reshape", [zero, self._load_time(f"lowbit_shape_{n}_{groups}", np.array(
+                              [n, groups], dtype=np.int64))], [f"{codes}_zero_blocks"]),
+                          helper.make_node("Gather", [f"{codes}_zero_blocks", first], [f"{codes}_column_zero"], axis=1)]
+                column_zero = f"{codes}_column_zero"
+            nodes += [helper.make_node("Transpose", [by_row], [f"{codes}_u8"], perm=[1, 0]),
                       helper.make_node("Gather", [scales, first], [f"{codes}_column_scale"], axis=1)]
-            result = (f"{codes}_u8", f"{codes}_column_scale",
-                      self._load_time(f"lowbit_zero_128_{n}", np.full(n, 128, dtype=np.uint8)))
+            result = (f"{codes}_u8", f"{codes}_column_scale", column_zero)
         elif kernel == FLOAT:  # (code - zero point) · scale, block by block, padding cut off last
             shape3, scale3 = (self._load_time(f"lowbit_shape_{n}_{groups}_{last}",
                                               np.array([n, groups, last], dtype=np.int64)) for last in (-1, 1))

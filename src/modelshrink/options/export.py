@@ -24,7 +24,9 @@ class ExportOptions(Options):
     model: str = opt(REQUIRED, "A model artifact: seq2seq (also from quantize) or a sequence classifier.",
                      argument=True)
     opset: int = opt(17, "ONNX opset, 14-20.", min=MIN_OPSET, max=MAX_OPSET)
-    int8: bool = opt(False, "onnxruntime dynamic int8 quantization of the graphs.", flags=("--int8",))
+    int8: bool = opt(False, "8-bit matmul weights (uint8, one scale and zero point per output column) multiplied "
+                            "with 8-bit activations rounded per call, on the integer kernel measured fastest here "
+                            "(see --kernel); embedding tables in int8 with one scale per row.", flags=("--int8",))
     int4: bool = opt(False, "4-bit matmul weights and embedding tables, one scale and zero point per block "
                             "(onnxruntime's MatMulNBits and GatherBlockQuantized, round to nearest), multiplied "
                             "with int8 activations where that measures faster (see --kernel).", flags=("--int4",))
@@ -33,9 +35,10 @@ class ExportOptions(Options):
     int4_embeddings: bool | None = opt(None, "With --int4: embedding tables (and an output projection tied to one) "
                                              "in 4 bits too; --no-int4-embeddings keeps them float32 (on BART-base's "
                                              "shape 0.57x of float32 instead of 0.16x). [default: on]")
-    kernel: str = opt("auto", "How low-bit matmul weights (a quantize artifact's, --int4's) compute: auto (the fastest "
-                              "here, measured per graph and weight shape; see the export report), int8 (onnxruntime's "
-                              "uint8 kernel on the codes unpacked at load; quantize artifacts), nbits (MatMulNBits on the "
+    kernel: str = opt("auto", "How low-bit matmul weights (a quantize artifact's, --int4's, --int8's) compute: auto "
+                              "(the fastest here, measured per graph and weight shape; see the export report), int8 "
+                              "(onnxruntime's uint8 kernel, activations rounded per tensor; quantize artifacts and "
+                              "--int8: what onnxruntime's dynamic quantization writes), nbits (MatMulNBits on the "
                               "codes, activations rounded to int8 per block), float (float matmuls on the weights "
                               "unpacked at load: no integer kernel, for a runtime without one).",
                       choices=KERNEL_CHOICES)
@@ -88,9 +91,6 @@ class ExportOptions(Options):
             raise UserError("--per-channel applies to --int8")
         if self.int4 and self.int8:
             raise UserError("--int4 and --int8 exclude each other: pick one weight format")
-        if self.kernel != "auto" and self.int8:
-            raise UserError("--kernel applies to low-bit weights (a quantize artifact, --int4); --int8 computes with "
-                            "onnxruntime's own int8 kernels")
         if self.activation_rounding != "auto" and (self.int8 or self.int4):
             raise UserError("--activation-rounding applies to a quantize artifact exported in its own bits, not with "
                             "--int8 or --int4")

@@ -123,8 +123,9 @@ def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions,
                 f"{storage[name]['int8_initializers']} other weights in int8")
     if options.int8:
         for name in graphs:
-            log(f"int8: dynamic quantization of {name}")
-            quantize_int8(folder / name, options.per_channel)
+            storage[name] = quantize_int8(folder / name, options.per_channel, _kernels(name, options, measured))
+            log(f"int8: {storage[name]['int8_matmuls']} matmuls and {storage[name]['int8_tables']} embedding tables "
+                f"of {name} in 8 bits ({_kernel_counts(storage[name]['int8_kernels'])})")
     if options.int4:
         for name in graphs:
             storage[name] = quantize_int4(folder / name, options.int4_block_size, _kernels(name, options, measured),
@@ -193,9 +194,9 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     if quantized and options.int4:
         raise UserError(f"--int4 applies to float models: {options.model} is a quantize artifact "
                         f"({quantized['bits']}), and exporting a quantized artifact keeps its own bits")
-    if options.kernel != "auto" and not (options.int4 or quantized):
-        raise UserError(f"--kernel applies to low-bit weights: {options.model} is a float model; add --int4, or export "
-                        "a quantize artifact")
+    if options.kernel != "auto" and not (options.int4 or options.int8 or quantized):
+        raise UserError(f"--kernel applies to low-bit weights: {options.model} is a float model; add --int8 or "
+                        "--int4, or export a quantize artifact")
     if options.activation_rounding != "auto" and not quantized:
         raise UserError(f"--activation-rounding applies to a quantize artifact: {options.model} is a float model, "
                         "whose activations are not rounded")
@@ -206,6 +207,8 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
         what = "--int4" if options.int4 else f"exporting a {quantized['bits']} artifact"
         lowbit.require_support(what, {lowbit.FLOAT} if options.kernel == "auto" else {options.kernel},
                                avoid="--int8" if options.kernel in ("auto", "float") else "--kernel float")
+    if options.int8 and options.kernel == lowbit.NBITS:  # the uint8 kernel is onnxruntime's quantization's own form
+        lowbit.require_support("--int8 --kernel nbits", {lowbit.NBITS}, avoid="--kernel int8")
     max_source_length = source_length(options.max_source_length, tokenizer, model.config)
     texts = _sample_texts(options, tokenizer, max(options.samples, 2))
     enc = dict(tokenizer(texts[:2], truncation=True, max_length=max_source_length, padding=True, return_tensors="pt"))
@@ -286,7 +289,7 @@ def contrib_ops(folder: Path, graphs: list[str]) -> list[str]:
 def _weights(options: ExportOptions, quantized: dict[str, Any] | None, storage: dict[str, Any]) -> str:
     """How the graphs store their weights, as modelshrink.json records it for the runtime and readers."""
     if options.int8:
-        return "int8 (onnxruntime dynamic)"
+        return "int8 (uint8 weights per column: uint8, MatMulNBits or float matmuls)"
     if options.int4:
         return "int4 (MatMulNBits, or float matmuls unpacked at load)"  # layout.DTYPES reads the prefix
     if quantized is None:
@@ -334,7 +337,7 @@ def _model_card(folder: Path, options: ExportOptions, report: dict[str, Any]) ->
     check = report.get("validation", {})
     lines = [f"# ONNX export of `{Path(options.model).name}`", "",  # the commit adds the Hub's metadata
              f"Exported by `modelshrink export` from `{options.model}` (opset {options.opset}"
-             f"{', int8 dynamic quantization' if options.int8 else ''}"
+             f"{', int8 weights' if options.int8 else ''}"
              f"{f', int4 weights in blocks of {options.int4_block_size}' if options.int4 else ''}).", "",
              "Graphs: " + ", ".join(f"`{g}` ({report['bytes'][g] / 1e6:.1f} MB)" for g in report["graphs"]) + ".", "",
              "Run it without torch:", "", "```python", "from modelshrink.runtime import load",
