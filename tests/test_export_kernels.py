@@ -358,3 +358,39 @@ def test_a_model_that_rounds_its_activations_is_bounded_by_what_float64_moves_it
     assert (report["failure"] is None) == passed
     assert report["outputs"]["decoder"]["float64_rms_ratio"] == 0.0 and report["outputs"]["decoder"]["passed"] == passed
     assert ("float64" in report["tolerance"]) == passed  # the bound says where it came from when the twin sets it
+
+
+def test_int8_weights_split_between_kernels_run_in_one_graph(tmp_path, monkeypatch):
+    """--int8's rewrite when the measurement splits a graph's weights: the uint8 kernel's are left to onnxruntime's
+    dynamic quantization, which then runs on a graph that already holds MatMulNBits; both compute the float
+    product to 8-bit accuracy."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from modelshrink.onnx import compress
+
+    rng = np.random.default_rng(0)
+    first, second = rng.standard_normal((64, 128)).astype(np.float32), rng.standard_normal((128, 32)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])], "two",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", 32])],
+        [numpy_helper.from_array(first, "w1"), numpy_helper.from_array(second, "w2")])
+    path = tmp_path / "two.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+    def fake(k, n, candidates, rows, block_size, zero_points=False, threads=None):
+        fastest = "nbits/8" if k == 64 else "int8/8"
+        return {f"{kernel}/{bits}": {r: 1.0 if f"{kernel}/{bits}" == fastest else 2.0 for r in rows}
+                for kernel, bits in candidates}
+
+    monkeypatch.setattr(kernels, "measure", fake)
+    stored = compress.quantize_int8(path, per_channel=True, choice=KernelChoice("encoder_model.onnx"))
+    assert stored["int8_kernels"] == {"nbits": 1, "int8": 1} and stored["int8_matmuls"] == 2
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert "MatMulNBits" in ops and ops & {"MatMulInteger", "DynamicQuantizeMatMul"}
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = x @ first @ second
+    assert np.sqrt(((got - want) ** 2).mean() / (want ** 2).mean()) < 0.02

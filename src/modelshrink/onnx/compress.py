@@ -434,8 +434,9 @@ def quantize_int8(path: Path, per_channel: bool, choice: KernelChoice) -> dict[s
         nodes += graph.as_matmul(init, uint8_blocks(numpy_helper.to_array(init), block, per_channel), kernel=kernel)
     graph.finish()
     onnx.save(model, str(path))
-    if any(node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in
-           {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT} for node in model.graph.node):
+    floats = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
+    if any(node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in floats
+           for node in model.graph.node):
         tmp = path.with_suffix(".int8.onnx")
         root = logging.getLogger()
         level = root.level
