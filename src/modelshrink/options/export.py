@@ -51,7 +51,7 @@ class ExportOptions(Options):
                                            "model); kernel: as none, but each integer kernel rounds its input its "
                                            "own way (the uint8 kernel per tensor, as --int8's; MatMulNBits per block "
                                            "of K), which lets --kernel auto weigh MatMulNBits. auto: kernel (the "
-                                           "fastest at every width measured, 0.43-0.47x float32's batch-1 time on "
+                                           "fastest at every width measured, 0.43-0.49x float32's batch-1 time on "
                                            "BART-base's shape; BENCHMARKS.md, lowbit).",
                                    choices=ROUNDING_CHOICES)
     per_channel: bool | None = opt(None, "With --int8: one weight scale per output channel (--no-per-channel: one per "
