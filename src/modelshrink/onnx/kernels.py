@@ -153,9 +153,6 @@ def _bytes_read(name: str) -> float:
     return int(bits) / 8 if kernel == NBITS else BYTES_READ[kernel]
 
 
-INT8_CANDIDATES = [(NBITS, 8), (INT8, 8), (FLOAT, 8)]  # --int8's codes: uint8, one scale and zero point a column
-
-
 def candidates_for(threshold: int | None) -> list[tuple[str, int]]:
     """(kernel, storage bits) that hold a weight exactly: a `quantize` artifact's integer weight |b| <= threshold
     (ternary 1, 3-4 bits <= 7, 5-8 bits <= 127; symmetric, one scale per column), or None for --int4's blocks with
@@ -171,3 +168,7 @@ def stored_bits(threshold: int | None, bits: int) -> int:
     whatever its kernel reads (4-bit MatMulNBits, measured faster than the 2-bit one at every shape, widens them
     when the graph loads, so the folder keeps 2 bits a weight), any other at the kernel's width."""
     return 2 if threshold == 1 else bits
+
+
+# --int8's uint8 codes (one scale and zero point a column): the kernels that hold a quantize artifact's 8-bit weights
+INT8_CANDIDATES = candidates_for(127)
