@@ -7,7 +7,7 @@
 On one model (default: a random BART of BART-base's shape, vocabulary 50265, built as benchmarks/peers.py
 builds it; or --model), each form is exported with `modelshrink export` (validation included):
 float32, `--int8` (each matmul on the kernel measured fastest, and again with `--kernel int8`: onnxruntime's uint8
-kernel everywhere, what --int8 wrote before it measured), `--int4`, and `quantize --method direct` artifacts at 2-2-8 (ternary), 4-4-8 and 8-8-8,
+kernel everywhere, what --int8 wrote before it measured, and `--kernel nbits`), `--int4`, and `quantize --method direct` artifacts at 2-2-8 (ternary), 4-4-8 and 8-8-8,
 each exported with the default `--activation-rounding` (auto: kernel, each integer kernel rounds its own input,
 as --int8's does) and again with `none` (the uint8 kernel on the model's own codes of each input), 2-2-8 also with
 `model` (the attention's own roundings kept, so it is not fused).
@@ -116,8 +116,9 @@ def main() -> None:
     data.write_text("".join(json.dumps({"document": d}) + "\n" for d in docs))
     forms: dict[str, dict] = {}
     folders: dict[str, Path] = {}
-    for name, flags in (("float32", {}), ("--int8", {"int8": True}), ("--int8 --kernel int8", {"int8": True, "kernel": "int8"}),
-                        ("--int4", {"int4": True})):
+    for name, flags in (("float32", {}), ("--int8", {"int8": True}),
+                        ("--int8 --kernel int8", {"int8": True, "kernel": "int8"}),
+                        ("--int8 --kernel nbits", {"int8": True, "kernel": "nbits"}), ("--int4", {"int4": True})):
         folders[name] = work / name.strip("-").replace(" --", "-").replace(" ", "-")
         forms[name] = export(model, folders[name], data, **flags)
         print(name, forms[name], file=sys.stderr)

@@ -12,6 +12,8 @@ so all of them do the same work; 2 intra-op threads, 1 inter-op thread each. Sys
                    --int4 take the integer kernel measured fastest on this machine for each weight
   int8-u8          --int8 --kernel int8: every matmul on onnxruntime's uint8 kernel (what --int8 wrote before
                    it measured its kernels)
+  int8-nbits       --int8 --kernel nbits: every matmul on MatMulNBits at 8 bits (what --int8 chose on an AVX-512
+                   VNNI machine before it weighed the s8 kernel)
   int8-traced      --int8 with --self-attention traced: the cache copied at every step instead of written in place,
                    the cross-attention over the batch's longest source (not in the default systems)
   ct2-fp32 ct2-int8   CTranslate2 (pip install ctranslate2, or modelshrink[bench]), compute type float32 / int8
@@ -46,12 +48,14 @@ from _report import publish
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "debian-descriptions"
-SYSTEMS = ["torch", "fp32", "int8", "int8-u8", "int4", "ct2-fp32", "ct2-int8", "optimum"]
+SYSTEMS = ["torch", "fp32", "int8", "int8-u8", "int8-nbits", "int4", "ct2-fp32", "ct2-int8", "optimum"]
 EXPORTS = {"fp32": (None, {}), "int8": ("int8", {}), "int8-u8": ("int8", {"kernel": "int8"}),
+           "int8-nbits": ("int8", {"kernel": "nbits"}),
            "int8-traced": ("int8", {"self_attention": "traced"}), "int4": ("int4", {})}
 LABELS = {"torch": "PyTorch eager fp32", "fp32": "modelshrink runtime fp32", "int8": "modelshrink runtime int8",
           "int8-traced": "modelshrink runtime int8, attention traced",
           "int8-u8": "modelshrink runtime int8, uint8 kernel",
+          "int8-nbits": "modelshrink runtime int8, MatMulNBits",
           "int4": "modelshrink runtime int4", "ct2-fp32": "CTranslate2 fp32", "ct2-int8": "CTranslate2 int8",
           "optimum": "Optimum ORTModelForSeq2SeqLM fp32"}
 BASE = dict(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12, decoder_attention_heads=12,
@@ -242,8 +246,8 @@ def table(results: dict, sizes: dict, docs: int, notes: dict, bound: dict | None
 
 def against_bound(results: dict, bound: dict) -> str:
     """Each int8 system's batch-1 p50 as a multiple of the weight-streaming bound (issue 29: aim for <= 1.5x)."""
-    parts = [f"{LABELS[n]} {results[n]['p50'] / (bound['seconds'] * 1000):.2f}×" for n in ("int8", "int8-u8", "ct2-int8")
-             if n in results]
+    parts = [f"{LABELS[n]} {results[n]['p50'] / (bound['seconds'] * 1000):.2f}×"
+             for n in ("int8", "int8-u8", "int8-nbits", "ct2-int8") if n in results]
     return ("Batch-1 p50 against the weight-streaming bound (`streaming_bound` in the script: the weights a "
             f"decoder step multiplies read once from memory, × {bound['length']} steps, plus the encoder's; "
             f"bandwidth measured by the script just before the systems): {', '.join(parts)}.") if parts else ""

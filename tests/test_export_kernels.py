@@ -47,8 +47,8 @@ def ternary_int8(ternary, tmp_path_factory) -> Path:
 
 def test_the_choice_is_the_smallest_geometric_mean_of_the_measured_times(monkeypatch):
     # nbits is fastest at few rows, int8 at many: the geometric mean weighs the two row counts alike
-    times = {"nbits/2": {4: 1.0, 64: 12.0}, "nbits/4": {4: 0.5, 64: 20.0}, "int8/2": {4: 2.0, 64: 4.0},
-             "float/2": {4: 3.0, 64: 8.0}}
+    times = {"nbits/2": {4: 1.0, 64: 12.0}, "nbits/4": {4: 0.5, 64: 20.0}, "s8/2": {4: 2.5, 64: 5.0},
+             "int8/2": {4: 2.0, 64: 4.0}, "float/2": {4: 3.0, 64: 8.0}}
     calls = []
 
     def fake(k, n, candidates, rows, block_size, zero_points=False, threads=None):
@@ -58,7 +58,8 @@ def test_the_choice_is_the_smallest_geometric_mean_of_the_measured_times(monkeyp
     monkeypatch.setattr(kernels, "measure", fake)
     choice = KernelChoice("decoder_with_past_model.onnx")
     candidates = kernels.candidates_for(1)
-    assert choice.choose(768, 768, candidates, 256) == ("int8", 2)  # sqrt(2·4) < sqrt(1·12) < sqrt(3·8) < sqrt(0.5·20)
+    # sqrt(2·4) < sqrt(1·12) < sqrt(2.5·5) < sqrt(3·8) < sqrt(0.5·20)
+    assert choice.choose(768, 768, candidates, 256) == ("int8", 2)
     assert choice.choose(768, 768, candidates, 256) == ("int8", 2) and len(calls) == 1  # one measurement a shape
     assert calls == [(768, 768, (4, 64))]
     report = choice.report()["measured"]
@@ -74,25 +75,30 @@ def test_the_choice_is_the_smallest_geometric_mean_of_the_measured_times(monkeyp
     assert KernelChoice("decoder_model.onnx").choose(1024, 1024, candidates, 256) == ("nbits", 2)
     times["nbits/2"][64] = 9.9  # 3.15: 11% slower, no longer a tie
     assert KernelChoice("decoder_model.onnx").choose(512, 512, candidates, 256) == ("int8", 2)
-    # kernels reading as many bytes (--int8's 8-bit codes: nbits/8 and the uint8 kernel) tie in a fixed order, not
-    # by which measured faster this time: MatMulNBits first
-    times.update({"nbits/8": {4: 1.05, 64: 4.2}, "int8/8": {4: 1.0, 64: 4.0}, "float/8": {4: 1.0, 64: 4.0}})
+    # kernels reading as many bytes (--int8's 8-bit codes: nbits/8, s8 and the uint8 kernel) tie in a fixed order,
+    # not by which measured faster this time: MatMulNBits first, then s8
+    times.update({"nbits/8": {4: 1.05, 64: 4.2}, "s8/8": {4: 1.0, 64: 4.0}, "int8/8": {4: 1.0, 64: 4.0},
+                  "float/8": {4: 1.0, 64: 4.0}})
     assert KernelChoice("decoder_model.onnx").choose(256, 256, kernels.INT8_CANDIDATES, 256) == ("nbits", 8)
+    times["nbits/8"] = {4: 1.0, 64: 9.0}  # out of the tie: s8 before the uint8 kernel
+    assert KernelChoice("decoder_model.onnx").choose(128, 128, kernels.INT8_CANDIDATES, 128) == ("s8", 8)
     # a named kernel is taken without measuring, at the fewest bits that hold the weight
     assert KernelChoice("encoder_model.onnx", "nbits").choose(8, 8, candidates, 16) == ("nbits", 2)
-    assert len(calls) == 5
-    # a kernel whose op the runtime lacks is never a candidate; float is always there
+    assert len(calls) == 6
+    # a kernel whose op the runtime lacks (or, for s8, that this processor would not add exactly) is never a
+    # candidate; float is always there
     only = KernelChoice("encoder_model.onnx", available=("float",))
-    assert only.choose(768, 768, candidates, 256) == ("float", 2) and len(calls) == 5
+    assert only.choose(768, 768, candidates, 256) == ("float", 2) and len(calls) == 6
     with pytest.raises(ValueError, match="cannot compute"):
         KernelChoice("encoder_model.onnx", "int8").choose(8, 8, kernels.candidates_for(None), 16)
 
 
 def test_the_candidates_hold_each_weight_exactly():
-    assert kernels.candidates_for(1) == [("nbits", 2), ("nbits", 4), ("int8", 2), ("float", 2)]  # ternary
-    assert kernels.candidates_for(7) == [("nbits", 4), ("int8", 4), ("float", 4)]
-    assert kernels.candidates_for(127) == [("nbits", 8), ("int8", 8), ("float", 8)]
-    assert ("int8", 4) not in kernels.candidates_for(None)  # --int4's blocks have a scale each, no column scale
+    assert kernels.candidates_for(1) == [("nbits", 2), ("nbits", 4), ("s8", 2), ("int8", 2), ("float", 2)]  # ternary
+    assert kernels.candidates_for(7) == [("nbits", 4), ("s8", 4), ("int8", 4), ("float", 4)]
+    assert kernels.candidates_for(127) == [("nbits", 8), ("s8", 8), ("int8", 8), ("float", 8)]
+    # --int4's blocks have a scale each, no column scale
+    assert not {("int8", 4), ("s8", 4)} & set(kernels.candidates_for(None))
 
 
 def test_two_bit_nbits_weights_are_blocked_by_at_most_128():
@@ -106,9 +112,13 @@ def test_two_bit_nbits_weights_are_blocked_by_at_most_128():
 
 
 def test_measure_times_every_candidate_at_every_row_count():
-    found = kernels.measure(64, 48, [("nbits", 4), ("int8", 4), ("float", 4)], (2, 16), 32, repeats=2, threads=1)
-    assert set(found) == {"nbits/4", "int8/4", "float/4"}
+    found = kernels.measure(64, 48, [("nbits", 4), ("s8", 4), ("int8", 4), ("float", 4)], (2, 16), 32, repeats=2,
+                            threads=1)
+    assert set(found) == {"nbits/4", "s8/4", "int8/4", "float/4"}
     assert all(set(by_rows) == {2, 16} and all(t > 0 for t in by_rows.values()) for by_rows in found.values())
+    # --int8's candidates: uint8 codes with a zero point a column, except s8's, which are symmetric
+    found = kernels.measure(64, 48, kernels.INT8_CANDIDATES, (2,), 32, zero_points=True, repeats=1, threads=1)
+    assert set(found) == {"nbits/8", "s8/8", "int8/8", "float/8"}
 
 
 def test_the_option_lists_every_kernel():
@@ -144,7 +154,16 @@ def _producers(graph) -> dict:
     return {out: node for node in graph.node for out in node.output}
 
 
-@pytest.mark.parametrize("kernel", ["int8", "nbits", "float"])
+def _vnni() -> bool:
+    from modelshrink.runtime.cpu import signed_products_exact
+
+    return signed_products_exact()
+
+
+NEEDS_VNNI = pytest.mark.skipif(not _vnni(), reason="the s8 kernel is exact only on x86 with VNNI or on ARM")
+
+
+@pytest.mark.parametrize("kernel", ["int8", pytest.param("s8", marks=NEEDS_VNNI), "nbits", "float"])
 def test_integer_kernels_read_the_activation_before_the_models_own_rounding(ternary, tmp_path, kernel):
     import onnx
 
@@ -157,7 +176,7 @@ def test_integer_kernels_read_the_activation_before_the_models_own_rounding(tern
     report = json.loads((out / "export_report.json").read_text())
     model = onnx.load(str(out / "encoder_model.onnx"))
     producers = _producers(model.graph)
-    op = {"int8": "MatMulIntegerToFloat", "nbits": "MatMulNBits", "float": "MatMul"}[kernel]
+    op = {"int8": "MatMulIntegerToFloat", "s8": "MatMulIntegerToFloat", "nbits": "MatMulNBits", "float": "MatMul"}[kernel]
     users = [n for n in model.graph.node if n.op_type == op and not n.input[1].startswith("/")]
     assert users
 
@@ -173,7 +192,7 @@ def test_integer_kernels_read_the_activation_before_the_models_own_rounding(tern
     if kernel == "float":  # a float matmul computes what PyTorch computes: the graph keeps its rounding
         assert encoder["inputs_unrounded"] == 0 and all(rounded(n.input[0]) for n in users)
         assert report["validation"]["rms_ratio"] < 1e-5
-    elif kernel == "int8":  # the uint8 kernel reads the model's own codes of x: round(x / α) + 128, α its own
+    elif kernel in ("int8", "s8"):  # the integer kernel reads the model's own codes of x: round(x / α) + 128, α its own
         assert encoder["inputs_as_model_codes"] == len(users) and encoder["inputs_unrounded"] == 0
         for n in users:
             codes = producers[n.input[0]]
@@ -182,6 +201,13 @@ def test_integer_kernels_read_the_activation_before_the_models_own_rounding(tern
         assert report["validation"]["rms_ratio"] < 1e-5  # the quantized model's products, exactly in integers
         # the model in float64, the check's measure of what float rounding alone moves, is as close here
         assert all(o["float64_rms_ratio"] < 1e-3 for o in report["validation"]["outputs"].values())
+        # s8 multiplies the ternary codes as int8 weights (zero point 0), int8 as uint8 b + 128
+        weight_types = {producers[n.input[1]].output[0]: n.input[5] for n in users}
+        zero = {i.name: i.data_type for i in model.graph.initializer}
+        assert {zero[z] for z in weight_types.values()} == {onnx.TensorProto.INT8 if kernel == "s8" else
+                                                           onnx.TensorProto.UINT8}
+        resolved = json.loads((out / "modelshrink.json").read_text())["resolved"]
+        assert resolved["cpu_features"] == (["vnni"] if kernel == "s8" else [])
     else:  # MatMulNBits rounds x per block of K itself: another rounding than the model's
         assert encoder["inputs_unrounded"] == len(users) and not any(rounded(n.input[0]) for n in users)
         assert report["validation"]["rms_ratio"] < 0.1  # 8-bit rounding noise, not a broken graph (~1)
@@ -360,10 +386,11 @@ def test_a_model_that_rounds_its_activations_is_bounded_by_what_float64_moves_it
     assert ("float64" in report["tolerance"]) == passed  # the bound says where it came from when the twin sets it
 
 
-def test_int8_weights_split_between_kernels_run_in_one_graph(tmp_path, monkeypatch):
+@pytest.mark.parametrize("other", ["int8", pytest.param("s8", marks=NEEDS_VNNI)])
+def test_int8_weights_split_between_kernels_run_in_one_graph(tmp_path, monkeypatch, other):
     """--int8's rewrite when the measurement splits a graph's weights: the uint8 kernel's are left to onnxruntime's
-    dynamic quantization, which then runs on a graph that already holds MatMulNBits; both compute the float
-    product to 8-bit accuracy."""
+    dynamic quantization, which then runs on a graph that already holds MatMulNBits; s8's are symmetric int8 codes
+    unpacked at load; both compute the float product to 8-bit accuracy."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
@@ -381,16 +408,110 @@ def test_int8_weights_split_between_kernels_run_in_one_graph(tmp_path, monkeypat
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
     def fake(k, n, candidates, rows, block_size, zero_points=False, threads=None):
-        fastest = "nbits/8" if k == 64 else "int8/8"
+        fastest = "nbits/8" if k == 64 else f"{other}/8"
         return {f"{kernel}/{bits}": {r: 1.0 if f"{kernel}/{bits}" == fastest else 2.0 for r in rows}
                 for kernel, bits in candidates}
 
     monkeypatch.setattr(kernels, "measure", fake)
     stored = compress.quantize_int8(path, per_channel=True, choice=KernelChoice("encoder_model.onnx"))
-    assert stored["int8_kernels"] == {"nbits": 1, "int8": 1} and stored["int8_matmuls"] == 2
+    assert stored["int8_kernels"] == {"nbits": 1, other: 1} and stored["int8_matmuls"] == 2
     ops = {n.op_type for n in onnx.load(str(path)).graph.node}
     assert "MatMulNBits" in ops and ops & {"MatMulInteger", "DynamicQuantizeMatMul"}
     x = rng.standard_normal((4, 64)).astype(np.float32)
     got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     want = x @ first @ second
     assert np.sqrt(((got - want) ** 2).mean() / (want ** 2).mean()) < 0.02
+
+
+def test_s8_weights_are_symmetric_codes_and_their_products_exact_where_offered():
+    """--int8's s8 codes: round(w / s), |b| <= 127, s = max |w| / 127 a column; the kernel adds uint8 x int8
+    products into int32 exactly on the processors it is offered on (VNNI's instruction), even at the extremes
+    that clip AVX2's int16 sums (255 x 127 twice)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from modelshrink.onnx import compress
+
+    w = np.random.default_rng(0).standard_normal((40, 6)).astype(np.float32)
+    blocks = compress.int8_blocks(w, 16)
+    b = blocks.codes.astype(np.int16) - 128  # [N, blocks, block]: padded to 48 with the zero point (b = 0)
+    assert blocks.zero_points is None and np.abs(b).max() == 127 and not b.reshape(6, -1)[:, 40:].any()
+    scale = blocks.scales[:, 0]
+    assert np.allclose(scale, np.abs(w).max(axis=0) / 127)
+    assert np.abs(b.reshape(6, -1)[:, :40].T * scale - w).max() <= scale.max() / 2 + 1e-6
+    if not _vnni():
+        pytest.skip("the s8 kernel is offered only where the processor adds its products exactly")
+    k = 768
+    a = np.full((2, k), 255, dtype=np.uint8)
+    weights = np.stack([np.full(k, 127), np.full(k, -127), np.resize([127, -127], k)], axis=1).astype(np.int8)
+    graph = helper.make_graph([helper.make_node("MatMulInteger", ["a", "b"], ["y"])], "s8",
+                              [helper.make_tensor_value_info("a", TensorProto.UINT8, ["rows", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, ["rows", 3])],
+                              [numpy_helper.from_array(weights, "b")])
+    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                                   .SerializeToString(), providers=["CPUExecutionProvider"])
+    assert (session.run(None, {"a": a})[0] == a.astype(np.int64) @ weights.astype(np.int64)).all()
+
+
+def test_the_processor_check_reads_vnni_from_cpuinfo(tmp_path, monkeypatch):
+    from modelshrink.runtime import cpu
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f\n\nprocessor\t: 1\n")
+    assert cpu.cpu_flags(info) == {"fpu", "sse", "avx2", "avx512f"}
+    assert cpu.cpu_flags(tmp_path / "none") is None
+    assert not cpu.signed_products_exact(True, cpu.cpu_flags(info))  # AVX2 and AVX-512 without VNNI: clipped sums
+    for flag in ("avx512_vnni", "avx_vnni", "amx_int8"):
+        assert cpu.signed_products_exact(True, frozenset({"avx2", flag}))
+    assert not cpu.signed_products_exact(True, frozenset())  # flags unread: the safe side
+    assert cpu.signed_products_exact(False, frozenset())  # ARM: widening multiplies, exact
+    monkeypatch.setattr(cpu, "signed_products_exact", lambda: False)
+    assert cpu.missing_features(["vnni"]) == ["vnni"] and cpu.missing_features([]) == []
+    from modelshrink.onnx import lowbit
+
+    assert "s8" not in lowbit.available_kernels() and "int8" in lowbit.available_kernels()
+
+
+def test_without_vnni_s8_is_refused_and_never_chosen(plain_models, ternary_int8, tmp_path, monkeypatch):
+    """On an x86 processor without VNNI: --kernel s8 is one line naming the kernel to use instead, auto does not
+    weigh s8, and a folder holding s8 weights (exported on a VNNI machine) is refused by the runtime, which would
+    otherwise return clipped sums."""
+    from modelshrink.runtime import cpu, load
+    from modelshrink.runtime.errors import UserError
+
+    monkeypatch.setattr(cpu, "signed_products_exact", lambda: False)
+    monkeypatch.setattr("modelshrink.steps.export.signed_products_exact", lambda: False)
+    _refused([str(plain_models["bart"]), "--int8", "--kernel", "s8"], tmp_path / "o",
+             "this processor has none: use --kernel int8")
+    auto = tmp_path / "auto"
+    result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(auto), "--int8", "--no-validate"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((auto / "export_report.json").read_text())
+    measured = report["storage"]["encoder_model.onnx"]["kernels"]["measured"].values()
+    assert measured and not any(name.startswith("s8/") for entry in measured for name in entry["ms"])
+    assert json.loads((auto / "modelshrink.json").read_text())["resolved"]["cpu_features"] == []
+    load(auto)
+    # a folder that records it needs VNNI (what an s8 export writes)
+    manifest = json.loads((ternary_int8 / "modelshrink.json").read_text())
+    folder = tmp_path / "s8"
+    import shutil
+
+    shutil.copytree(ternary_int8, folder)
+    manifest["resolved"]["cpu_features"] = ["vnni"]
+    (folder / "modelshrink.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="adds exactly only with VNNI, and this processor lacks it .*--kernel int8"):
+        load(folder)
+
+
+def test_a_transformers_js_folder_is_left_only_kernels_exact_everywhere(plain_models, tmp_path):
+    """transformers.js reads no modelshrink.json, so nothing would keep its folder's s8 weights off a processor
+    without VNNI: left to choose, the export does not weigh s8 for it."""
+    out = tmp_path / "js"
+    result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(out), "--int8", "--layout",
+                                 "transformers.js", "--no-validate"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "export_report.json").read_text())
+    measured = [entry for storage in report["storage"].values() if isinstance(storage, dict) and "kernels" in storage
+                for entry in storage["kernels"]["measured"].values()]
+    assert measured and not any(name.startswith("s8/") for entry in measured for name in entry["ms"])
+    assert json.loads((out / "modelshrink.json").read_text())["resolved"]["cpu_features"] == []

@@ -389,6 +389,16 @@ def uint8_blocks(weight: np.ndarray, block_size: int, per_channel: bool = True) 
                          np.repeat(zero[:, None], groups, axis=1).astype(np.uint8), 8, k)
 
 
+def int8_blocks(weight: np.ndarray, block_size: int, per_channel: bool = True) -> lowbit.Blocks:
+    """A [K, N] weight as symmetric int8 codes b = round(w / s), |b| <= 127, with s = max |w| / 127 per output
+    column (`per_channel`) or for the whole tensor, as onnxruntime's dynamic quantization rounds a QInt8 weight:
+    the codes the `s8` kernel multiplies (stored as b + 128 under the default zero point, `integer_blocks`)."""
+    peak = np.abs(weight).max(axis=0 if per_channel else None).astype(np.float32)
+    scale = np.where(peak > 0, peak / 127, np.float32(1.0)).astype(np.float32)
+    b = np.clip(np.round(weight / scale), -127, 127)
+    return lowbit.integer_blocks(b, scale, 8, block_size)
+
+
 def quantize_int8(path: Path, per_channel: bool, choice: KernelChoice) -> dict[str, Any]:
     """`--int8`: 8-bit weights with one scale and zero point per output column (`per_channel`; else one per
     tensor), activations quantized per call, matmuls in integers, and embedding tables in int8 with one scale
@@ -398,17 +408,20 @@ def quantize_int8(path: Path, per_channel: bool, choice: KernelChoice) -> dict[s
     Every MatMul whose B is a 2-D float initializer computes with the kernel `choice` measures fastest for its
     shape and rows (`modelshrink.onnx.kernels`): onnxruntime's uint8 kernel (its dynamic quantization writes it:
     the input rounded to uint8 per tensor), MatMulNBits at 8 bits on the same codes (`uint8_blocks`; the input
-    rounded to int8 per block of K, integer products), or a float MatMul on those codes unpacked at load. On an
-    AVX2 machine without VNNI the uint8 kernel won nearly every weight of the quantize artifacts; on an AVX-512
-    VNNI one MatMulNBits won every one (BENCHMARKS.md, lowbit). The uint8 kernel's weights, and any other (Gemm's,
-    or a MatMul weight that other ops read too), go through onnxruntime's dynamic quantization.
+    rounded to int8 per block of K, integer products), a float MatMul on those codes unpacked at load, or, where
+    the processor has VNNI, the integer kernel on symmetric int8 codes (`s8`, `int8_blocks`; the input rounded as
+    the uint8 kernel's). On an AVX2 machine without VNNI the uint8 kernel won nearly every weight of the quantize
+    artifacts; on an AVX-512 VNNI one `s8` is 2-2.4x faster than either from 64 rows on (lowbit's table). The
+    uint8 kernel's weights, and any other (Gemm's, or a MatMul weight that other ops read too), go through
+    onnxruntime's dynamic quantization.
 
-    Weights are unsigned: with signed weights onnxruntime multiplies u8 activations by s8 weights with
-    AVX2's vpmaddubsw, which adds two products into a saturating int16 (2 x 255 x 127 > 32767); without
-    VNNI (this project's 2-core machine) per-channel scales push every column to +-127, so sums clip, and
-    the tiny test models' logits moved by 31% (RMS) against 1-4% with u8 weights, whose u8 x u8 kernel
-    widens to int16 before multiplying and is exact. On the MiniLM teacher u8 per channel is also the
-    most accurate (logits 10% RMS; s8 per channel 11%, s8 per channel 7-bit 11%, s8 per tensor 26%). Per-row
+    Signed weights only with VNNI: without it onnxruntime multiplies u8 activations by s8 weights with AVX2's
+    vpmaddubsw, which adds two products into a saturating int16 (2 x 255 x 127 > 32767); there per-channel
+    scales push every column to +-127, so sums clip, and the tiny test models' logits moved by 31% (RMS)
+    against 1-4% with u8 weights, whose u8 x u8 kernel widens to int16 before multiplying and is exact. VNNI
+    adds four byte products into an int32: exact (`modelshrink.runtime.cpu`). On the MiniLM teacher u8 per
+    channel was the most accurate (logits 10% RMS; s8 per channel 11%, s8 per channel 7-bit 11%, s8 per tensor
+    26%; measured without VNNI, so the s8 figures include clipping). Per-row
     tables rather than onnxruntime's one scale per table: on a trained 6-2 MiniLM student (200 Debian documents)
     they kept ROUGE-1 at 22.6 (float32: 22.5) with 137 summaries equal to float32's, where onnxruntime's own
     Gather quantization gave 21.7 and 116, and float tables 22.3 and 127 at 2.4x the size."""
@@ -431,7 +444,8 @@ def quantize_int8(path: Path, per_channel: bool, choice: KernelChoice) -> dict[s
             graph.kernels[kernel] = graph.kernels.get(kernel, 0) + users
             nodes += users
             continue
-        nodes += graph.as_matmul(init, uint8_blocks(numpy_helper.to_array(init), block, per_channel), kernel=kernel)
+        rounded = int8_blocks if kernel == lowbit.S8 else uint8_blocks
+        nodes += graph.as_matmul(init, rounded(numpy_helper.to_array(init), block, per_channel), kernel=kernel)
     graph.finish()
     onnx.save(model, str(path))
     floats = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}

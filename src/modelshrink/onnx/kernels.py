@@ -1,9 +1,11 @@
 """Which kernel multiplies each low-bit weight of an export, chosen by measuring them on this machine.
 
-A weight stored in low bits (`modelshrink.onnx.lowbit`) can compute three ways: MatMulNBits on its codes with
-int8 activations (`nbits`), onnxruntime's uint8 kernel on its codes unpacked at load (`int8`, only for a
-`quantize` artifact's symmetric codes with one scale per column; on the model's own activation codes where the
-model rounds the input) or a float MatMul on the weight unpacked at load (`float`). For an input the model
+A weight stored in low bits (`modelshrink.onnx.lowbit`) can compute four ways: MatMulNBits on its codes with
+int8 activations (`nbits`), onnxruntime's integer kernel on its codes unpacked at load as int8 (`s8`, uint8
+activations times int8 weights: offered only where the processor adds those products exactly, x86 with VNNI
+or ARM, `modelshrink.runtime.cpu`) or as uint8 (`int8`; both only for codes with one scale per column; on the
+model's own activation codes where the model rounds the input) or a float MatMul on the weight unpacked at
+load (`float`). For an input the model
 rounds, `auto` weighs only `int8` and `float`, which compute with that rounding, unless the export leaves the
 rounding to the kernels (`export --activation-rounding kernel`, the default). Which is fastest depends on the
 weight's shape, its bits, the processor and how many rows the graph multiplies at once: an encoder multiplies
@@ -11,8 +13,8 @@ every source token of every document (hundreds of rows), a decoder step one row 
 batch 1 and at batch 16 (`ROWS`), and the one with the smallest geometric mean of its median times wins, except
 that candidates within `MARGIN` of it count as tied (run-to-run noise on a busy machine moves near-equal kernels
 past each other: BART-base's 768x768 weights measured nbits 0.32 / float 0.35 ms, then 0.28 / 0.28) and the tie
-goes to the one reading the fewest weight bytes a call (among equals, MatMulNBits, then the uint8 kernel, then
-float), so that exporting twice gives the same graph unless the times straddle the margin; the
+goes to the one reading the fewest weight bytes a call (among equals, MatMulNBits, then s8, then the uint8
+kernel, then float), so that exporting twice gives the same graph unless the times straddle the margin; the
 export report keeps every time. The measurement is of the machine that exports: export on the kind of machine
 that serves, or name the kernel (`--kernel`).
 """
@@ -27,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from modelshrink.onnx.lowbit import FLOAT, INT8, KERNELS, NBITS, Blocks, LowBitGraph, kernel_block
+from modelshrink.onnx.lowbit import FLOAT, INT8, KERNELS, NBITS, S8, Blocks, LowBitGraph, kernel_block
 from modelshrink.runtime.files import CLASSIFIER, DECODER, DECODER_WITH_PAST, ENCODER
 
 AUTO = "auto"
@@ -38,7 +40,7 @@ CHOICES = (AUTO, *KERNELS)
 ROWS = {ENCODER: (64, 1024), CLASSIFIER: (64, 1024), DECODER: (4, 64), DECODER_WITH_PAST: (4, 64)}
 REPEATS = 5
 MARGIN = 1.10  # scores within 10% of the fastest are a tie, broken by the weight bytes a call reads
-BYTES_READ = {NBITS: None, INT8: 1.0, FLOAT: 4.0}  # per weight; nbits reads its codes: bits / 8
+BYTES_READ = {NBITS: None, S8: 1.0, INT8: 1.0, FLOAT: 4.0}  # per weight; nbits reads its codes: bits / 8
 
 
 def rows_for(graph: str) -> tuple[int, ...]:
@@ -83,7 +85,7 @@ def measure(k: int, n: int, candidates: list[tuple[str, int]], rows: tuple[int, 
     candidates taking turns so that a change of load hits them alike: {"kernel/bits": {rows: seconds}}."""
     threads = threads or len(os.sched_getaffinity(0))
     sessions = {f"{kernel}/{bits}": _session(k, n, _synthetic(k, n, bits, kernel_block(kernel, bits, block_size),
-                                                             zero_points), kernel, threads)
+                                                             zero_points and kernel != S8), kernel, threads)
                 for kernel, bits in candidates}
     found: dict[str, dict[int, float]] = {name: {} for name in sessions}
     rng = np.random.default_rng(1)
@@ -147,8 +149,8 @@ class KernelChoice:
 
 
 def _bytes_read(name: str) -> float:
-    """Weight bytes a call of candidate "kernel/bits" reads: the codes themselves for nbits, the unpacked uint8 or
-    float32 weight for int8 and float."""
+    """Weight bytes a call of candidate "kernel/bits" reads: the codes themselves for nbits, the unpacked int8,
+    uint8 or float32 weight for s8, int8 and float."""
     kernel, bits = name.split("/")
     return int(bits) / 8 if kernel == NBITS else BYTES_READ[kernel]
 
@@ -156,11 +158,11 @@ def _bytes_read(name: str) -> float:
 def candidates_for(threshold: int | None) -> list[tuple[str, int]]:
     """(kernel, storage bits) that hold a weight exactly: a `quantize` artifact's integer weight |b| <= threshold
     (ternary 1, 3-4 bits <= 7, 5-8 bits <= 127; symmetric, one scale per column), or None for --int4's blocks with
-    zero points (4 bits; the uint8 kernel needs one scale per column)."""
+    zero points (4 bits; the integer kernels need one scale per column)."""
     if threshold is None:
         return [(NBITS, 4), (FLOAT, 4)]
     widths = [2, 4] if threshold == 1 else [4] if threshold <= 7 else [8]
-    return [(NBITS, bits) for bits in widths] + [(INT8, widths[0]), (FLOAT, widths[0])]
+    return [(NBITS, bits) for bits in widths] + [(S8, widths[0]), (INT8, widths[0]), (FLOAT, widths[0])]
 
 
 def stored_bits(threshold: int | None, bits: int) -> int:
@@ -170,5 +172,6 @@ def stored_bits(threshold: int | None, bits: int) -> int:
     return 2 if threshold == 1 else bits
 
 
-# --int8's uint8 codes (one scale and zero point a column): the kernels that hold a quantize artifact's 8-bit weights
+# --int8's codes, one scale a column: the kernels that hold a quantize artifact's 8-bit weights (s8 on symmetric
+# codes, the others on uint8 codes with a zero point a column)
 INT8_CANDIDATES = candidates_for(127)

@@ -12,7 +12,7 @@ LAYOUTS = ("optimum", "transformers.js")  # the folder layouts `export` writes (
 CHECK = "Validation against PyTorch"
 MIN_OPSET, MAX_OPSET = 14, 20
 ROUNDING_CHOICES = ("auto", "model", "none", "kernel")  # "auto", then modelshrink.onnx.compress.ROUNDINGS
-KERNEL_CHOICES = ("auto", "nbits", "int8", "float")  # modelshrink.onnx.kernels.CHOICES  # 14: the attention ops of these models; 20: the newest the torch exporter writes
+KERNEL_CHOICES = ("auto", "nbits", "s8", "int8", "float")  # modelshrink.onnx.kernels.CHOICES  # 14: the attention ops of these models; 20: the newest the torch exporter writes
 
 
 @options_class
@@ -24,9 +24,10 @@ class ExportOptions(Options):
     model: str = opt(REQUIRED, "A model artifact: seq2seq (also from quantize) or a sequence classifier.",
                      argument=True)
     opset: int = opt(17, "ONNX opset, 14-20.", min=MIN_OPSET, max=MAX_OPSET)
-    int8: bool = opt(False, "8-bit matmul weights (uint8, one scale and zero point per output column) multiplied "
-                            "with 8-bit activations rounded per call, on the integer kernel measured fastest here "
-                            "(see --kernel); embedding tables in int8 with one scale per row.", flags=("--int8",))
+    int8: bool = opt(False, "8-bit matmul weights (one scale per output column: uint8 with a zero point, or int8 "
+                            "symmetric for the s8 kernel) multiplied with 8-bit activations rounded per call, on the "
+                            "integer kernel measured fastest here (see --kernel); embedding tables in int8 with one "
+                            "scale per row.", flags=("--int8",))
     int4: bool = opt(False, "4-bit matmul weights and embedding tables, one scale and zero point per block "
                             "(onnxruntime's MatMulNBits and GatherBlockQuantized, round to nearest), multiplied "
                             "with int8 activations where that measures faster (see --kernel).", flags=("--int4",))
@@ -36,9 +37,13 @@ class ExportOptions(Options):
                                              "in 4 bits too; --no-int4-embeddings keeps them float32 (on BART-base's "
                                              "shape 0.57x of float32 instead of 0.16x). [default: on]")
     kernel: str = opt("auto", "How low-bit matmul weights (a quantize artifact's, --int4's, --int8's) compute: auto "
-                              "(the fastest here, measured per graph and weight shape; see the export report), int8 "
+                              "(the fastest here, measured per graph and weight shape; see the export report), s8 "
+                              "(onnxruntime's integer kernel on int8 weights, uint8 activations rounded per tensor: "
+                              "VNNI's instruction, 2-2.4x the others from 64 rows on; exact only on x86 with VNNI "
+                              "or on ARM, so auto weighs it only there and the folder then runs only there), int8 "
                               "(onnxruntime's uint8 kernel, activations rounded per tensor; quantize artifacts and "
-                              "--int8: what onnxruntime's dynamic quantization writes), nbits (MatMulNBits on the "
+                              "--int8: what onnxruntime's dynamic quantization writes; runs on every CPU), nbits "
+                              "(MatMulNBits on the "
                               "codes, activations rounded to int8 per block), float (float matmuls on the weights "
                               "unpacked at load: no integer kernel, for a runtime without one).",
                       choices=KERNEL_CHOICES)
@@ -94,9 +99,9 @@ class ExportOptions(Options):
         if self.activation_rounding != "auto" and (self.int8 or self.int4):
             raise UserError("--activation-rounding applies to a quantize artifact exported in its own bits, not with "
                             "--int8 or --int4")
-        if self.kernel == "int8" and self.int4:
-            raise UserError("--kernel int8 needs one scale per output column (a quantize artifact's weights); --int4's "
-                            "blocks each have their own: use --kernel nbits or float")
+        if self.kernel in ("int8", "s8") and self.int4:
+            raise UserError(f"--kernel {self.kernel} needs one scale per output column (a quantize artifact's or "
+                            "--int8's weights); --int4's blocks each have their own: use --kernel nbits or float")
         if self.int4_block_size is not None and not self.int4:
             raise UserError("--int4-block-size applies to --int4")
         if self.int4_embeddings is not None and not self.int4:

@@ -14,7 +14,7 @@ Command line (also torch-free): `python -m modelshrink.runtime DIR --input docs.
 This folder imports nothing from the rest of modelshrink, so it can be copied into a service on its own.
 Its modules: `model` (loading, the decoder's steps, classification), `search` (greedy and beam search),
 `processors` (bans and forced tokens), `settings` (generation settings), `columns` (which column is the
-text), `jsonl` (reading JSON Lines), `files` (the export folder's file names), `errors` (the user-error type), `cli` (the command line).
+text), `jsonl` (reading JSON Lines), `files` (the export folder's file names), `cpu` (whether the processor multiplies int8 weights exactly), `errors` (the user-error type), `cli` (the command line).
 Importing this package is cheap (`modelshrink.errors` imports it): numpy comes with `load` and `ExportedModel`
 (module `model`), onnxruntime and tokenizers when a folder is loaded.
 """

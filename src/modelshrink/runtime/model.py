@@ -20,6 +20,7 @@ from .errors import UserError
 from .files import (CLASSIFIER, DECODER, DECODER_MERGED, DECODER_WITH_PAST, DEQUANTIZED, ENCODER, SEARCH_OPS,
                     graph_path, is_export)
 from .cache import CROSS_BEAMS, PAST_LENGTH, InPlaceCache, _run_bound
+from .cpu import missing_features
 from .search import DOCUMENTS, beam_search, candidates, greedy
 from .settings import Search, search_from_configs
 
@@ -129,6 +130,11 @@ class ExportedModel:
         # what the export recorded for the runtime (weights, parameters); the manifest once committed
         self.resolved = _read_json(self.folder / "modelshrink.json").get("resolved", {})
         _require_ops(self.resolved.get("contrib_ops") or [], folder)
+        lacking = missing_features(self.resolved.get("cpu_features") or [])
+        if lacking:
+            raise UserError(f"{folder} multiplies int8 weights by uint8 activations (export's s8 kernel), which "
+                            f"onnxruntime adds exactly only with {' and '.join(f.upper() for f in lacking)}, and this "
+                            "processor lacks it (its sums would clip): export again with --kernel int8")
         if self.resolved.get("weights") == DEQUANTIZED or self.resolved.get("quantized_artifact"):
             # onnxruntime would fuse DequantizeLinear + MatMul into an integer matmul that also quantizes the
             # activations, which is not what the quantized model computes; keep the float matmul

@@ -33,6 +33,7 @@ from modelshrink.onnx.merge import merge_decoders, store_tied_once
 from modelshrink.onnx.self_attention import fuse_self_attention
 from modelshrink.onnx.validate import FLOAT_ATOL, INT4_RTOL, INT8_RTOL, QUANTIZED_RTOL, ExportCheckFailed, validate
 from modelshrink.options.export import ExportOptions
+from modelshrink.runtime.cpu import VNNI, signed_products_exact
 from modelshrink.runtime.files import DECODER_MERGED, DECODER_WITH_PAST, ENCODER, INT8_SCALED
 
 __all__ = ["ExportCheckFailed", "ExportOptions", "export_model", "inspect"]
@@ -161,8 +162,13 @@ def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions,
 
 def _kernels(graph: str, options: ExportOptions, measured: dict) -> KernelChoice:
     """The kernel choice for one graph: the decoder steps share their weights with the first step (merged into one
-    graph), so every decoder graph is measured at a decoder step's rows, once (`measured` is shared)."""
-    return KernelChoice(graph, options.kernel, available=lowbit.available_kernels(), measured=measured)
+    graph), so every decoder graph is measured at a decoder step's rows, once (`measured` is shared). A folder for
+    transformers.js runs where no modelshrink.json is read, so on no processor that the runtime's check would keep
+    from s8's clipped sums: left to choose, it takes the kernels that are exact everywhere."""
+    available = lowbit.available_kernels()
+    if options.layout == "transformers.js":
+        available = tuple(k for k in available if k != lowbit.S8)
+    return KernelChoice(graph, options.kernel, available=available, measured=measured)
 
 
 def _kernel_counts(counts: dict[str, int]) -> str:
@@ -207,8 +213,12 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
         what = "--int4" if options.int4 else f"exporting a {quantized['bits']} artifact"
         lowbit.require_support(what, {lowbit.FLOAT} if options.kernel == "auto" else {options.kernel},
                                avoid="--int8" if options.kernel in ("auto", "float") else "--kernel float")
-    if options.int8 and options.kernel == lowbit.NBITS:  # the uint8 kernel is onnxruntime's quantization's own form
-        lowbit.require_support("--int8 --kernel nbits", {lowbit.NBITS}, avoid="--kernel int8")
+    if options.int8 and options.kernel in (lowbit.NBITS, lowbit.S8):  # the uint8 kernel is onnxruntime's own form
+        lowbit.require_support(f"--int8 --kernel {options.kernel}", {options.kernel}, avoid="--kernel int8")
+    if options.kernel == lowbit.S8 and not signed_products_exact():
+        raise UserError("--kernel s8 multiplies uint8 activations by int8 weights, which onnxruntime adds exactly only "
+                        "on x86 with VNNI (avx512_vnni, avx_vnni or amx_int8 in /proc/cpuinfo) or on ARM, and this "
+                        "processor has none: use --kernel int8, or export on the kind of machine that serves")
     max_source_length = source_length(options.max_source_length, tokenizer, model.config)
     texts = _sample_texts(options, tokenizer, max(options.samples, 2))
     enc = dict(tokenizer(texts[:2], truncation=True, max_length=max_source_length, padding=True, return_tensors="pt"))
@@ -226,6 +236,7 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
         resolved = {"kind": kind, "graphs": graphs, "layout": options.layout, "max_source_length": max_source_length,
                     "quantized_artifact": quantized["bits"] if quantized else None,
                     "weights": weights, "contrib_ops": contrib_ops(folder, graphs),
+                    "cpu_features": cpu_features(storage),
                     # packed initializers hold two codes a byte: count the weights, not the bytes
                     "parameters": parameter_count(folder, graphs) + sum(
                         s.get(f"{p}_values", 0) - s.get(f"{p}_stored_values", 0) for n, s in storage.items()
@@ -267,6 +278,14 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     return path, report
 
 
+def cpu_features(storage: dict[str, Any]) -> list[str]:
+    """The processor features the graphs need to compute exactly, which the runtime checks before loading them:
+    VNNI where a matmul runs on the s8 kernel (`modelshrink.runtime.cpu`)."""
+    used = {kernel for s in storage.values() if isinstance(s, dict)
+            for key in ("int8_kernels", "low_bit_kernels") for kernel, n in s.get(key, {}).items() if n}
+    return [VNNI] if lowbit.S8 in used else []
+
+
 def contrib_ops(folder: Path, graphs: list[str]) -> list[str]:
     """The com.microsoft ops the graphs use: what the runtime checks its onnxruntime for before loading them."""
     import onnx
@@ -289,7 +308,7 @@ def contrib_ops(folder: Path, graphs: list[str]) -> list[str]:
 def _weights(options: ExportOptions, quantized: dict[str, Any] | None, storage: dict[str, Any]) -> str:
     """How the graphs store their weights, as modelshrink.json records it for the runtime and readers."""
     if options.int8:
-        return "int8 (uint8 weights per column: uint8, MatMulNBits or float matmuls)"
+        return "int8 (8-bit weights per column: s8, uint8, MatMulNBits or float matmuls)"
     if options.int4:
         return "int4 (MatMulNBits, or float matmuls unpacked at load)"  # layout.DTYPES reads the prefix
     if quantized is None:
