@@ -386,11 +386,13 @@ def test_a_model_that_rounds_its_activations_is_bounded_by_what_float64_moves_it
     assert ("float64" in report["tolerance"]) == passed  # the bound says where it came from when the twin sets it
 
 
-@pytest.mark.parametrize("other", ["int8", pytest.param("s8", marks=NEEDS_VNNI)])
-def test_int8_weights_split_between_kernels_run_in_one_graph(tmp_path, monkeypatch, other):
+@pytest.mark.parametrize("first, other", [("nbits", "int8"), pytest.param("nbits", "s8", marks=NEEDS_VNNI),
+                                          pytest.param("s8", "int8", marks=NEEDS_VNNI)])
+def test_int8_weights_split_between_kernels_run_in_one_graph(tmp_path, monkeypatch, first, other):
     """--int8's rewrite when the measurement splits a graph's weights: the uint8 kernel's are left to onnxruntime's
     dynamic quantization, which then runs on a graph that already holds MatMulNBits; s8's are symmetric int8 codes
-    unpacked at load; both compute the float product to 8-bit accuracy."""
+    unpacked at load; both compute the float product to 8-bit accuracy. The quantization runs on a graph whose
+    com.microsoft ops have no types in onnx's shape inference (the Relu between reads one)."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
@@ -398,28 +400,29 @@ def test_int8_weights_split_between_kernels_run_in_one_graph(tmp_path, monkeypat
     from modelshrink.onnx import compress
 
     rng = np.random.default_rng(0)
-    first, second = rng.standard_normal((64, 128)).astype(np.float32), rng.standard_normal((128, 32)).astype(np.float32)
+    w1, w2 = rng.standard_normal((64, 128)).astype(np.float32), rng.standard_normal((128, 32)).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])], "two",
+        [helper.make_node("MatMul", ["x", "w1"], ["h0"]), helper.make_node("Relu", ["h0"], ["h"]),
+         helper.make_node("MatMul", ["h", "w2"], ["y0"]), helper.make_node("Relu", ["y0"], ["y"])], "two",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", 32])],
-        [numpy_helper.from_array(first, "w1"), numpy_helper.from_array(second, "w2")])
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
     path = tmp_path / "two.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
     def fake(k, n, candidates, rows, block_size, zero_points=False, threads=None):
-        fastest = "nbits/8" if k == 64 else f"{other}/8"
+        fastest = f"{first}/8" if k == 64 else f"{other}/8"
         return {f"{kernel}/{bits}": {r: 1.0 if f"{kernel}/{bits}" == fastest else 2.0 for r in rows}
                 for kernel, bits in candidates}
 
     monkeypatch.setattr(kernels, "measure", fake)
     stored = compress.quantize_int8(path, per_channel=True, choice=KernelChoice("encoder_model.onnx"))
-    assert stored["int8_kernels"] == {"nbits": 1, other: 1} and stored["int8_matmuls"] == 2
+    assert stored["int8_kernels"] == {first: 1, other: 1} and stored["int8_matmuls"] == 2
     ops = {n.op_type for n in onnx.load(str(path)).graph.node}
-    assert "MatMulNBits" in ops and ops & {"MatMulInteger", "DynamicQuantizeMatMul"}
+    assert ("MatMulNBits" in ops) == (first == "nbits") and ops & {"MatMulInteger", "DynamicQuantizeMatMul"}
     x = rng.standard_normal((4, 64)).astype(np.float32)
     got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    want = x @ first @ second
+    want = np.maximum(np.maximum(x @ w1, 0) @ w2, 0)
     assert np.sqrt(((got - want) ** 2).mean() / (want ** 2).mean()) < 0.02
 
 
@@ -515,3 +518,52 @@ def test_a_transformers_js_folder_is_left_only_kernels_exact_everywhere(plain_mo
                 for entry in storage["kernels"]["measured"].values()]
     assert measured and not any(name.startswith("s8/") for entry in measured for name in entry["ms"])
     assert json.loads((out / "modelshrink.json").read_text())["resolved"]["cpu_features"] == []
+
+
+def test_a_linear_layers_bias_goes_into_its_integer_kernel():
+    """The Add of a linear layer's bias after DynamicQuantizeMatMul becomes the kernel's own bias input (one node
+    fewer a layer); an Add of anything else, or a product read twice, stays as it is; the outputs do not change."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from modelshrink.onnx import compress, lowbit
+
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.standard_normal((32, 48)).astype(np.float32), rng.standard_normal((48, 16)).astype(np.float32)
+    b1, b2 = rng.standard_normal(48).astype(np.float32), rng.standard_normal(16).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["b1", "h"], ["hb"]),  # bias
+             helper.make_node("MatMul", ["hb", "w2"], ["y"]), helper.make_node("Identity", ["b2"], ["b2_same"]),
+             helper.make_node("Add", ["y", "b2_same"], ["yb"]),  # bias, through an Identity as the exporter writes
+             helper.make_node("Add", ["yb", "r"], ["out"]),  # a residual: not an initializer
+             helper.make_node("MatMul", ["x", "w1"], ["twice"]), helper.make_node("Add", ["twice", "b1"], ["t1"]),
+             helper.make_node("Mul", ["twice", "twice"], ["t2"])]  # a product read by two nodes keeps its Add
+    graph = helper.make_graph(nodes, "bias", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 32]),
+                                              helper.make_tensor_value_info("r", TensorProto.FLOAT, ["rows", 16])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["rows", k])
+                               for n, k in (("out", 16), ("t1", 48), ("t2", 48))],
+                              [numpy_helper.from_array(v, n) for n, v in (("w1", w1), ("w2", w2), ("b1", b1), ("b2", b2))])
+    for node in graph.node:
+        node.name = node.output[0]
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rewrite = lowbit.LowBitGraph(model)
+    for init in [i for i in model.graph.initializer if i.name in ("w1", "w2")]:
+        rewrite.as_matmul(init, compress.int8_blocks(numpy_helper.to_array(init), 16), kernel="int8")
+    rewrite.finish()
+    feed = {"x": rng.standard_normal((4, 32)).astype(np.float32), "r": rng.standard_normal((4, 16)).astype(np.float32)}
+
+    def run(m):
+        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+
+    before = run(model)
+    assert compress.fuse_bias(model.graph, rewrite.integer_nodes) == 2
+    onnx.checker.check_model(model)
+    kernels_ = [n for n in model.graph.node if n.op_type == "DynamicQuantizeMatMul"]
+    assert sorted(list(n.input)[4:] for n in kernels_) == [[], ["b1"], ["b2_same"]]
+    adds = {n.output[0] for n in model.graph.node if n.op_type == "Add" and not n.output[0].startswith("w")}
+    assert adds == {"out", "t1"}  # the residual and the twice-read product's (the others unpack the weights)
+    after = run(model)
+    for got, want in zip(after, before):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+    exact = (feed["x"] @ w1 + b1) @ w2 + b2 + feed["r"]
+    assert np.sqrt(((after[0] - exact) ** 2).mean() / (exact ** 2).mean()) < 0.05  # 8-bit products, biases added

@@ -94,9 +94,10 @@ def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice, roundi
     codes = integer_activations(model.graph, graph.integer_nodes) if rounding != "kernel" else 0
     unrounded = take_out_rounding(model.graph, graph.integer_nodes)
     shortened = shorten_rounding(model.graph, drop=rounding != "model")
+    biases = fuse_bias(model.graph, graph.integer_nodes)
     onnx.save(model, str(path))
     return {"low_bit_matmuls": matmuls, "low_bit_tables": tables, "inputs_as_model_codes": codes,
-            "inputs_unrounded": unrounded, "roundings_shortened": shortened,
+            "inputs_unrounded": unrounded, "roundings_shortened": shortened, "biases_fused": biases,
             "kernels": choice.report(), **graph.summary("low_bit")}
 
 
@@ -161,6 +162,52 @@ def integer_activations(graph: Any, nodes: list[Any]) -> int:
         for offset, added in enumerate(extra):
             graph.node.insert(at + offset, added)
     return changed
+
+
+BIAS_INPUT = {"DynamicQuantizeMatMul": 4, "MatMulIntegerToFloat": 6}  # where each kernel takes an optional bias
+
+
+def fuse_bias(graph: Any, nodes: list[Any]) -> int:
+    """Each of `nodes` on an integer kernel that takes a bias (`BIAS_INPUT`) and whose only reader is an Add of a
+    1-D float initializer (a linear layer's bias) takes that bias itself, and the Add goes: one node fewer a
+    layer, which at a decoder step's 4 rows costs about what the matmul does (onnxruntime fuses the bias into
+    MatMulNBits itself, not into these). Returns the Adds removed."""
+    floats = {i.name for i in graph.initializer if i.data_type == 1 and len(i.dims) == 1}
+    for node in graph.node:  # the exporter reads a bias equal to another one through an Identity of it
+        if node.op_type == "Identity" and node.input[0] in floats:
+            floats.add(node.output[0])
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    fused: dict[str, Any] = {}  # the Add's output -> the kernel with its bias, which takes the Add's place
+    gone: set[str] = set()  # the kernels' own outputs, no longer computed
+    for node in nodes:
+        at = BIAS_INPUT.get(node.op_type)
+        if at is None or len(node.input) > at or node.output[0] in outputs:
+            continue
+        users = readers.get(node.output[0], [])
+        if len(users) != 1 or users[0].op_type != "Add" or len(users[0].input) != 2:
+            continue
+        add = users[0]
+        bias = add.input[1] if add.input[0] == node.output[0] else add.input[0]
+        if bias not in floats or bias == node.output[0]:
+            continue
+        kernel = type(node)()
+        kernel.CopyFrom(node)
+        kernel.input.extend([""] * (at - len(node.input)) + [bias])
+        kernel.output[0] = add.output[0]
+        fused[add.output[0]] = kernel
+        gone.add(node.output[0])
+    if fused:  # in the Add's place, after its bias is computed; the kernel's own place left empty
+        order = [fused.get(node.output[0], node) for node in graph.node if node.output[0] not in gone]
+        kept = [type(node)() for node in order]
+        for copy, node in zip(kept, order):
+            copy.CopyFrom(node)
+        del graph.node[:]
+        graph.node.extend(kept)
+    return len(fused)
 
 
 def take_out_rounding(graph: Any, nodes: list[Any]) -> int:
@@ -447,6 +494,7 @@ def quantize_int8(path: Path, per_channel: bool, choice: KernelChoice) -> dict[s
         rounded = int8_blocks if kernel == lowbit.S8 else uint8_blocks
         nodes += graph.as_matmul(init, rounded(numpy_helper.to_array(init), block, per_channel), kernel=kernel)
     graph.finish()
+    biases = fuse_bias(model.graph, graph.integer_nodes)
     onnx.save(model, str(path))
     floats = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
     if any(node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in floats
@@ -457,10 +505,14 @@ def quantize_int8(path: Path, per_channel: bool, choice: KernelChoice) -> dict[s
         root.setLevel(logging.ERROR)  # its advice to run pre-processing is logged on the root logger, once a graph
         try:
             quantize_dynamic(str(path), str(tmp), per_channel=per_channel, weight_type=QuantType.QUInt8,
-                             op_types_to_quantize=["MatMul", "Gemm"], extra_options={"MatMulConstBOnly": True})
+                             op_types_to_quantize=["MatMul", "Gemm"],
+                             # onnx's shape inference has no types for the outputs of com.microsoft ops (s8's
+                             # DynamicQuantizeMatMul), which the quantizer asks for: every activation here is float
+                             extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT})
         finally:
             root.setLevel(level)
         tmp.replace(path)
     tables = quantize_embeddings(path)
-    return {"int8_matmuls": nodes, "int8_weights": weights, "int8_tables": tables, "kernels": choice.report(),
+    return {"int8_matmuls": nodes, "int8_weights": weights, "int8_tables": tables, "biases_fused": biases,
+            "kernels": choice.report(),
             **graph.summary("int8")}
