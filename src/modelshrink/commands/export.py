@@ -17,7 +17,8 @@ checked against PyTorch on documents from the validation set:
     modelshrink export runs/student -o runs/student-onnx --data valid.jsonl
 
 int8 for CPU serving (one weight scale per output channel; each matmul on the integer kernel measured
-fastest on this machine, onnxruntime's uint8 kernel or MatMulNBits):
+fastest on this machine: onnxruntime's uint8 kernel, MatMulNBits, or where the processor has VNNI the s8
+kernel, int8 weights; --kernel int8 for a folder that must run on any x86 processor):
 
     modelshrink export runs/student -o runs/student-onnx-int8 --int8
 
