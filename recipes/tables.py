@@ -287,6 +287,8 @@ ACKD_ROWS = [("ce", "CE only"), ("kd", "KD (CE + KD)"), ("kd-pt", "KD + PT (PKD)
              ("kd-pt-mean", "KD + PT, mean-pooled features"), ("ackd-mean", "ACKD, mean-pooled features"),
              ("ackd-mean-tau01", "ACKD, mean-pooled, τ 0.1, γ 5e-2"), ("kd-first", "KD, first layers (0, 1, 2)"),
              ("ackd-first", "ACKD, first layers (0, 1, 2)")]
+# each follow-up ACKD student against the KD + PT student of the same features and layers: what A-CDL (and SAR) add
+ACKD_CONTROLS = {"ackd-mean": "kd-pt-mean", "ackd-mean-tau01": "kd-pt-mean", "ackd-first": "kd-first"}
 
 
 def ackd(runs: Path, figures: Path, data: Path, teacher: Path, record: Path | None = None) -> None:
@@ -369,6 +371,18 @@ def ackd(runs: Path, figures: Path, data: Path, teacher: Path, record: Path | No
     print("\np: paired permutation test (10,000 resamples) on per-sentence correctness, pooled over the seeds both "
           "students have (pairs matched by seed and sentence); p vs ACKD is Fig. 3's comparison of each ablation. Last column: validation sentences the student "
           "classifies unlike the KD student of the same seed, per seed.")
+    for key, control in ACKD_CONTROLS.items():
+        common = [s for s in results.get(key, {}) if s in results.get(control, {})]
+        if common:
+            names = dict(ACKD_ROWS)
+            p = paired_test([x for s in common for x in results[key][s]],
+                            [x for s in common for x in results[control][s]])
+            differ = [sum(a != b for a, b in zip(found[key][s], found[control][s])) for s in common]
+            print(f"\n{names[key]} against {names[control]} (the same features without A-CDL), {len(common)} seed(s): "
+                  f"{100 * statistics.mean(x for s in common for x in results[key][s]):.2f} against "
+                  f"{100 * statistics.mean(x for s in common for x in results[control][s]):.2f}, "
+                  f"p = {'< 0.001' if p < 0.001 else f'{p:.3f}'}, sentences classified differently "
+                  f"{', '.join(map(str, differ))}.")
     drift = []
     for key, name in ACKD_ROWS:
         for seed in seed_order:

@@ -200,3 +200,10 @@ def test_ackd_table_keeps_each_models_predictions_and_tables_seeds_recorded_by_a
     assert one.splitlines()[0] == both.splitlines()[0]  # the teacher's accuracy, from its record
     # without --record nothing is read from it
     assert "| CE only | 1 |" in _tables("ackd", str(second), "--data", str(data), "--figures", str(tmp_path / "f2"))
+    # a follow-up ACKD student is set against the KD + PT student of its own features (the kd-pt-mean control)
+    assert "the same features without A-CDL" not in both
+    for name, seed in (("kd-pt-mean", 21), ("ackd-mean-tau01", 22)):
+        model(second / "seed-1" / f"student-{name}", seed)
+    control = _tables("ackd", str(second), "--data", str(data), "--figures", str(tmp_path / "f3"))
+    line = next(line for line in control.splitlines() if "the same features without A-CDL" in line)
+    assert line.startswith("ACKD, mean-pooled, τ 0.1, γ 5e-2 against KD + PT, mean-pooled features") and "p = " in line
