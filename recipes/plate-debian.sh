@@ -24,10 +24,11 @@
 #                LAUNCH="accelerate launch -m modelshrink" (README, "Scaling out").
 # LONG=1: the same on the long documents only (>= 120 words: 3,441 training and 135 validation documents,
 #   all of them), sources cut at 256 tokens instead of 128, under OUT_DIR/plate-long.
+#   Fig. 1 plots its first training document (PLOT_DOC=ID names another; msmtp-mta otherwise).
 # LRS="3e-4 5e-5": students (and their evaluations) at each learning rate (the first is the budget's own,
 #   the others get -lrX in their names; PLATE tunes its students' in 1e-5..7e-5); SEEDS="0 1": each student
 #   at each seed (-seedS in the name for S != 0), each tested against the Regular student of its own lr and seed.
-# Knobs: DOCS, STUDENT_STEPS, VALID_DOCS, LONG, LRS, SEEDS, STAGES, LAUNCH, TEACHER (another seq2seq teacher folder), and
+# Knobs: DOCS, STUDENT_STEPS, VALID_DOCS, LONG, PLOT_DOC, LRS, SEEDS, STAGES, LAUNCH, TEACHER (another seq2seq teacher folder), and
 # JOBS=N: the label sets, the students and the evaluations run N at a time, THREADS (1) threads each
 # (recipes/lib/jobs.sh; REPRODUCTION.md ran JOBS=2 on 2 CPU cores).
 # Interrupted? Run it again: every step passes --resume (finished artifacts are kept as they are, label sets
@@ -65,6 +66,10 @@ EOF
   done
   train=$plate/train.jsonl validation=$plate/validation.jsonl
 fi
+# Fig. 1's document: msmtp-mta is not among the long documents, which plot their first one instead
+plot_doc=${PLOT_DOC:-msmtp-mta}
+[[ $long == 1 && -z ${PLOT_DOC:-} ]] &&
+  plot_doc=$(python -c 'import json, sys; print(json.loads(open(sys.argv[1]).readline())["id"])' "$train")
 mkdir -p "$plate"
 gen=(--num-beams 4 --max-length 32 --no-repeat-ngram-size 3 --max-source-length "$source_length")
 read -r -a lr_list <<< "$lrs"
@@ -89,7 +94,7 @@ fi
 labels() {
   local name=$1; shift
   run pseudolabel "$teacher" "$train" -o "$plate/labels-$name" "${limit[@]}" "${gen[@]}" --max-tokens 4096 \
-    --attention-stats --attention-plot msmtp-mta "$@" >/dev/null
+    --attention-stats --attention-plot "$plot_doc" "$@" >/dev/null
   # scored again only when the label set is newer than its score (a rerun keeps both)
   [[ $plate/labels-$name-style/modelshrink.json -nt $plate/labels-$name/modelshrink.json ]] ||
     modelshrink eval "$plate/labels-$name" -o "$plate/labels-$name-style" --resamples 100 --overwrite --quiet >/dev/null

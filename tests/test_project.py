@@ -65,7 +65,8 @@ def _run_recipe_with_a_stub(recipe, data, out, tmp_path, fail="", pause=0.2, **e
     stub = bin_dir / "modelshrink"
     stub.write_text("#!/usr/bin/env bash\nout=; save=none; prev=\nfor a in \"$@\"; do [[ $prev == -o ]] && out=$a\n"
                     "[[ $prev == --save-every ]] && save=$a; prev=$a; done\n"
-                    f"echo \"start $1 $out ${{OMP_NUM_THREADS:-unset}} $save\" >> {calls}\nsleep {pause}\n"
+                    f"echo \"start $1 $out ${{OMP_NUM_THREADS:-unset}} $save\" >> {calls}\necho \"$*\" >> {calls}-args\n"
+                    f"sleep {pause}\n"
                     f"echo \"end $1 $out\" >> {calls}\n[[ -z \"{fail}\" || $out != *{fail} ]]\n")
     stub.chmod(0o755)
     done = subprocess.run(["bash", f"recipes/{recipe}", str(data), str(out)], cwd=ROOT, capture_output=True,
@@ -127,6 +128,9 @@ def test_the_seq2seq_recipes_run_every_step_once_and_evaluate_the_reference_firs
                     + [("eval", f"plate/eval-{n}") for n in students])
         reference, parallel = "plate/eval-regular", [f"plate/{kind}-{n}" for kind in ("labels", "student")
                                                      for n in students if (kind, n) != ("labels", "gold")]
+        plotted = {line.split()[line.split().index("--attention-plot") + 1]
+                   for line in (tmp_path / "calls-args").read_text().splitlines() if line.startswith("pseudolabel")}
+        assert plotted == {"msmtp-mta"}  # Fig. 1's document
     else:
         # every row as modelshrink quantizes by default and with the authors' activation clamp (CLIP=2.5)
         kinds = ["888-direct", "228-direct", "888-6-6", "228-6-6", "228-6-3"]
@@ -174,6 +178,10 @@ def test_the_plate_recipe_on_long_documents_with_module_temperatures_rates_and_s
     assert done.returncode == 0, done.stderr
     kept = (out / "plate-long" / "train.jsonl").read_text().splitlines()
     assert [json.loads(line)["id"] for line in kept] == ["d1", "d3", "d5"]
+    # Fig. 1's heatmap is of a document the label sets hold: the first long one (msmtp-mta is short)
+    label_calls = [line.split() for line in (tmp_path / "calls-args").read_text().splitlines()
+                   if line.startswith("pseudolabel")]
+    assert label_calls and {call[call.index("--attention-plot") + 1] for call in label_calls} == {"d1"}
     started = {(cmd, path) for cmd, path, _ in _started(rows, out)}
     labels = ["regular", "lambda1.5", "lambda2", "random", "cross2", "dec2"]
     variants = ["", "-seed1", "-lr5e-5", "-lr5e-5-seed1"]
