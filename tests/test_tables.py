@@ -207,3 +207,24 @@ def test_ackd_table_keeps_each_models_predictions_and_tables_seeds_recorded_by_a
     control = _tables("ackd", str(second), "--data", str(data), "--figures", str(tmp_path / "f3"))
     line = next(line for line in control.splitlines() if "the same features without A-CDL" in line)
     assert line.startswith("ACKD, mean-pooled, τ 0.1, γ 5e-2 against KD + PT, mean-pooled features") and "p = " in line
+
+
+def test_plate_table_of_the_long_documents_keeps_the_short_runs_figure(tmp_path):
+    """`plate --long` tables RUNS/plate-long and draws plate-long-fig2.png: the short documents' Fig. 2 in the same
+    figures folder (REPRODUCTION.md's reproduction/plate-fig2.png) is left as it is."""
+    runs, figures = tmp_path / "runs", tmp_path / "figures"
+    style = {"length_words": 6.3, "novel_ngrams": {k: 20.0 for k in "1234"}, "copy_bias": 7.8, "leading_bias": 64.3,
+             "rouge1": 40.86}
+    (runs / "plate-long" / "labels-regular-style").mkdir(parents=True)
+    (runs / "plate-long" / "labels-regular-style" / "metrics.json").write_text(
+        json.dumps({**style, "reference_style": style}))
+    bins = ["(0.0, 0.2]", "(0.2, 0.4]", "(0.4, 0.6]", "(0.6, 0.8]", "(0.8, 1.0]"]
+    attention = {"evident_share_by_bin": [69, 6, 5, 8, 12], "bins": bins, "evident_share_of_all_weights": 0.1,
+                 "evident_share_of_attention_mass": 7.9}
+    _write(runs / "plate-long" / "labels-regular", {"metrics": {"attention": attention}})
+    figures.mkdir()
+    (figures / "plate-fig2.png").write_bytes(b"the short documents' figure")
+    out = _tables("plate", str(runs), "--long", "--figures", str(figures))
+    assert "| λ = 1 (regular) | 6.30 |" in out and "69 / 6 / 5 / 8 / 12" in out
+    assert (figures / "plate-fig2.png").read_bytes() == b"the short documents' figure"
+    assert (figures / "plate-long-fig2.png").stat().st_size > 0 and "plate-long-fig2.png" in out
