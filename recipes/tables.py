@@ -118,7 +118,8 @@ def plate(runs: Path, figures: Path, long: bool = False) -> None:
         try:
             from modelshrink.figures import position_bars
 
-            path = position_bars([(n, s) for n, s, *_ in bars], bars[0][2], figures / ("plate-long-fig2.png" if long else "plate-fig2.png"),
+            name = "plate-long-fig2.png" if long else "plate-fig2.png"
+            path = position_bars([(n, s) for n, s, *_ in bars], bars[0][2], figures / name,
                                  "Evident cross attention of the teacher while labelling, by position")
             print(f"\n![PLATE Fig. 2]({path})")
         except Exception as e:  # the table is the result; the figure is a convenience
