@@ -86,8 +86,16 @@ def _style_row(name: str, m: dict, attention: dict | None) -> str:
             f"{m['rouge1']:.2f} | {bins} |")
 
 
+def _documents(path: Path) -> str:
+    words = [len(json.loads(line)["document"].split()) for line in path.read_text().splitlines() if line.strip()]
+    return f"{len(words):,} {path.stem} documents of {sum(words) / max(len(words), 1):.0f} words on average"
+
+
 def plate(runs: Path, figures: Path, long: bool = False) -> None:
     folder = runs / ("plate-long" if long else "plate")
+    splits = [folder / f"{split}.jsonl" for split in ("train", "validation")]
+    if long and all(path.is_file() for path in splits):  # the recipe's LONG=1 copies of the long documents
+        print("Long documents: " + ", ".join(_documents(path) for path in splits) + "\n")
     print("Table 6 (pseudo labels of the same training documents): words, novel n-grams (%), copy bias "
           "(% of 4-grams copied), leading bias (% of sentences from the first 40%), ROUGE-1 against the gold "
           "synopsis, evident cross attention (> 0.15) by fifth of the document (%)\n")

@@ -224,7 +224,12 @@ def test_plate_table_of_the_long_documents_keeps_the_short_runs_figure(tmp_path)
     _write(runs / "plate-long" / "labels-regular", {"metrics": {"attention": attention}})
     figures.mkdir()
     (figures / "plate-fig2.png").write_bytes(b"the short documents' figure")
+    for split, lengths in (("train", (120, 200)), ("validation", (130,))):
+        (runs / "plate-long" / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"id": str(n), "document": "word " * n}) + "\n" for n in lengths))
     out = _tables("plate", str(runs), "--long", "--figures", str(figures))
+    assert ("Long documents: 2 train documents of 160 words on average, 1 validation documents of 130 words on "
+            "average") in out
     assert "| λ = 1 (regular) | 6.30 |" in out and "69 / 6 / 5 / 8 / 12" in out
     assert (figures / "plate-fig2.png").read_bytes() == b"the short documents' figure"
     assert (figures / "plate-long-fig2.png").stat().st_size > 0 and "plate-long-fig2.png" in out
