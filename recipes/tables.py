@@ -150,6 +150,13 @@ def plate(runs: Path, figures: Path, long: bool = False) -> None:
             label = name + (f" ({variant[1:].replace('-', ', ')})" if variant else "")
             print(f"| {label} | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | {_rouge(m, 'rougeL')} | {ps} | "
                   f"{m['length_words']:.2f} | {m['novel_ngrams']['1']:.1f} | {m['leading_bias']:.1f} |")
+    # the teacher on the same validation documents (`eval TEACHER ... -o eval-teacher --against eval-regular`)
+    m = _json(folder / "eval-teacher" / "metrics.json")
+    if m is not None:
+        ps = " | ".join(_delta_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
+        print(f"| *the teacher (6-6), for scale* | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | "
+              f"{_rouge(m, 'rougeL')} | {ps} | {m['length_words']:.2f} | {m['novel_ngrams']['1']:.1f} | "
+              f"{m['leading_bias']:.1f} |")
 
 
 DQ_ROWS = [("float", "32-32-32 6-6 (the teacher)"), ("888-direct", "8-8-8 6-6, direct"),
