@@ -10,7 +10,7 @@
 #   students  6-2 students (encoder copied, decoder layers 0 and 5) trained with identical budgets on
 #             gold, regular, λ = 1.5, λ = 2 and random-λ labels of those documents (Table 2)
 #   eval      each student on VALID_DOCS validation documents: ROUGE with 95% intervals, style, attention,
-#             and the paired permutation test against the Regular student (the paper's *)
+#             and the paired permutation test against the Regular student (the paper's *); the teacher too
 #   baselines (not in STAGES by default) Table 5: output temperature T = 0.5, sampling, nucleus 0.9
 #   modules   (not in STAGES by default) Table 4: λ = 2 on one kind of attention only, decoder cross
 #             attention (cross2) or decoder self attention (dec2), the others at 1
@@ -143,6 +143,10 @@ if [[ $stages == *eval* ]]; then
     for name in "${students[@]}"; do
       [[ $name == regular ]] || spawn evaluate "$name$v" --against "$plate/eval-regular$v"
     done
+    # the teacher on the same documents, once, for scale (Table 2's last row)
+    [[ $lr != "${lr_list[0]}" || $seed != "${seed_list[0]}" ]] ||
+      spawn run eval "$teacher" "$validation" -o "$plate/eval-teacher" "${vlimit[@]}" "${gen[@]}" \
+        --attention-stats --latency-docs 0 --against "$plate/eval-regular$v" >/dev/null
     settle
   done; done
 fi

@@ -125,7 +125,7 @@ def test_the_seq2seq_recipes_run_every_step_once_and_evaluate_the_reference_firs
         expected = ([("pseudolabel", f"plate/labels-{n}") for n in sets]
                     + [("eval", f"plate/labels-{n}-style") for n in sets]
                     + [("distill", f"plate/student-{n}") for n in students]
-                    + [("eval", f"plate/eval-{n}") for n in students])
+                    + [("eval", f"plate/eval-{n}") for n in [*students, "teacher"]])
         reference, parallel = "plate/eval-regular", [f"plate/{kind}-{n}" for kind in ("labels", "student")
                                                      for n in students if (kind, n) != ("labels", "gold")]
         plotted = {line.split()[line.split().index("--attention-plot") + 1]
@@ -189,7 +189,13 @@ def test_the_plate_recipe_on_long_documents_with_module_temperatures_rates_and_s
     assert {p for c, p in started if c == "distill"} == {f"plate-long/student-{n}{v}" for n in ["gold", *labels]
                                                          for v in variants}
     assert {p for c, p in started if c == "eval" and "-style" not in p} == {
-        f"plate-long/eval-{n}{v}" for n in ["gold", *labels] for v in variants}
+        f"plate-long/eval-{n}{v}" for n in ["gold", *labels] for v in variants} | {"plate-long/eval-teacher"}
+    # the teacher once, on the same long validation documents, tested against the first rate's seed-0 Regular student
+    teacher = [line.split() for line in (tmp_path / "calls-args").read_text().splitlines()
+               if line.startswith("eval") and "plate-long/eval-teacher" in line]
+    assert len(teacher) == 1 and teacher[0][1] == f"{out}/teacher"
+    assert teacher[0][2] == f"{out}/plate-long/validation.jsonl"
+    assert teacher[0][teacher[0].index("--against") + 1] == f"{out}/plate-long/eval-regular"
 
 
 @pytest.mark.parametrize("recipe", ["plate-debian.sh", "dq-bart-debian.sh"])
