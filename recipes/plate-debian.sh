@@ -143,10 +143,9 @@ if [[ $stages == *eval* ]]; then
     for name in "${students[@]}"; do
       [[ $name == regular ]] || spawn evaluate "$name$v" --against "$plate/eval-regular$v"
     done
-    # the teacher on the same documents, once, for scale (Table 2's last row)
-    [[ $lr != "${lr_list[0]}" || $seed != "${seed_list[0]}" ]] ||
-      spawn run eval "$teacher" "$validation" -o "$plate/eval-teacher" "${vlimit[@]}" "${gen[@]}" \
-        --attention-stats --latency-docs 0 --against "$plate/eval-regular$v" >/dev/null
+    # the teacher on the same documents, for scale (Table 2's last row): once, against the seed-0 Regular student
+    [[ -n $v ]] || spawn run eval "$teacher" "$validation" -o "$plate/eval-teacher" "${vlimit[@]}" "${gen[@]}" \
+      --attention-stats --latency-docs 0 --against "$plate/eval-regular" >/dev/null
     settle
   done; done
 fi
