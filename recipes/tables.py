@@ -135,28 +135,32 @@ def plate(runs: Path, figures: Path, long: bool = False) -> None:
 
     print("\nTable 2 (6-2 students, identical budgets; validation documents; 95% bootstrap intervals; p: paired "
           "permutation test against the Regular student, * p < 0.05; Δ: ROUGE minus the Regular student's)\n")
-    print("| student trained on | ROUGE-1 | ROUGE-2 | ROUGE-L | Δ R-1 (p) | Δ R-2 (p) | Δ R-L (p) | words | novel 1-g | "
-          "leading |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| student trained on | ROUGE-1 | ROUGE-2 | ROUGE-L | Δ R-1 (p) | Δ R-2 (p) | Δ R-L (p) | words | "
+          "novel 1-g | copy | leading | attention by fifth |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     # the recipe's LRS and SEEDS variants (-lrX, -seedS) after the first learning rate's seed-0 students
     variants = sorted({p.name.split("regular", 1)[1] for p in folder.glob("eval-regular*")} or {""},
                       key=lambda v: (len(v), v))
     for variant in variants:
         for key, name in [("gold", "gold synopses")] + PLATE_LABELS:
             m = _json(folder / f"eval-{key}{variant}" / "metrics.json")
-            if m is None:
-                continue
-            ps = " | ".join(_delta_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
-            label = name + (f" ({variant[1:].replace('-', ', ')})" if variant else "")
-            print(f"| {label} | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | {_rouge(m, 'rougeL')} | {ps} | "
-                  f"{m['length_words']:.2f} | {m['novel_ngrams']['1']:.1f} | {m['leading_bias']:.1f} |")
+            if m is not None:
+                print(_student_row(name + (f" ({variant[1:].replace('-', ', ')})" if variant else ""), m))
     # the teacher on the same validation documents (`eval TEACHER ... -o eval-teacher --against eval-regular`)
     m = _json(folder / "eval-teacher" / "metrics.json")
     if m is not None:
-        ps = " | ".join(_delta_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
-        print(f"| *the teacher (6-6), for scale* | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | "
-              f"{_rouge(m, 'rougeL')} | {ps} | {m['length_words']:.2f} | {m['novel_ngrams']['1']:.1f} | "
-              f"{m['leading_bias']:.1f} |")
+        print(_student_row("*the teacher (6-6), for scale*", m))
+
+
+def _student_row(name: str, m: dict) -> str:
+    """A Table 2 row: ROUGE with intervals, the paired test against Regular, the summaries' style and where the
+    model's evident cross attention fell (by fifth of the document; `eval --attention-stats`)."""
+    ps = " | ".join(_delta_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
+    attention = m.get("attention")
+    bins = " / ".join(f"{x:.0f}" for x in attention["evident_share_by_bin"]) if attention else "–"
+    return (f"| {name} | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | {_rouge(m, 'rougeL')} | {ps} | "
+            f"{m['length_words']:.2f} | {m['novel_ngrams']['1']:.1f} | {m['copy_bias']:.1f} | "
+            f"{m['leading_bias']:.1f} | {bins} |")
 
 
 DQ_ROWS = [("float", "32-32-32 6-6 (the teacher)"), ("888-direct", "8-8-8 6-6, direct"),

@@ -234,13 +234,17 @@ def test_plate_table_of_the_long_documents_keeps_the_short_runs_figure(tmp_path)
     assert (figures / "plate-fig2.png").read_bytes() == b"the short documents' figure"
     assert (figures / "plate-long-fig2.png").stat().st_size > 0 and "plate-long-fig2.png" in out
     # Table 2: the students, and the teacher on the same documents for scale, tested against the Regular student
-    style = {"length_words": 6.2, "novel_ngrams": {k: 23.8 for k in "1234"}, "leading_bias": 64.4}
-    _write(runs / "plate-long" / "eval-regular", {**_metrics(32.53), **style})
+    style = {"length_words": 6.2, "novel_ngrams": {k: 23.8 for k in "1234"}, "copy_bias": 9.6,
+             "leading_bias": 64.4}
+    _write(runs / "plate-long" / "eval-regular", {**_metrics(32.53), **style,
+                                                  "attention": {**attention, "evident_share_by_bin": [72, 6, 3, 5, 13]}})
     assert "the teacher" not in _tables("plate", str(runs), "--long", "--figures", str(figures))
     against = {"delta": {k: 4.74 for k in ("rouge1", "rouge2", "rougeL")},
                "p": {k: 0.0023 for k in ("rouge1", "rouge2", "rougeL")}}
     _write(runs / "plate-long" / "eval-teacher", {**_metrics(37.27, against), **style})
     rows = _tables("plate", str(runs), "--long", "--figures", str(figures)).splitlines()
     assert rows[-2].startswith("| λ = 1 (regular) | 32.53 [31.53, 33.53] |")
+    assert rows[-2].endswith("| 6.20 | 23.8 | 9.6 | 64.4 | 72 / 6 / 3 / 5 / 13 |")
+    assert rows[-1].endswith("| 9.6 | 64.4 | – |")  # no attention recorded for the teacher here
     assert rows[-1].startswith("| *the teacher (6-6), for scale* | 37.27 [36.27, 38.27] |")
     assert "+4.74 (0.002*)" in rows[-1]
