@@ -13,7 +13,7 @@
 #             and the paired permutation test against the Regular student (the paper's *); the teacher too
 #   baselines (not in STAGES by default) Table 5: output temperature T = 0.5, sampling, nucleus 0.9
 #   modules   (not in STAGES by default) Table 4: λ = 2 on one kind of attention only, decoder cross
-#             attention (cross2) or decoder self attention (dec2), the others at 1
+#             attention (cross2), decoder self attention (dec2) or encoder self attention (enc2), the others at 1
 #   table     the tables as markdown on stdout, and OUT_DIR/plate-fig2.png
 #
 #   SCALE=small  DOCS=4000 documents, students 400 steps of a 3,072-token budget (about 31 documents
@@ -113,12 +113,13 @@ fi
 if [[ $stages == *modules* ]]; then
   spawn labels cross2 --lambda-cross 2.0
   spawn labels dec2 --lambda-dec 2.0
+  spawn labels enc2 --lambda-enc 2.0
 fi
 settle
 
 students=(gold regular lambda1.5 lambda2 random)
 [[ $stages == *baselines* ]] && students+=(T0.5 sampling nucleus)
-[[ $stages == *modules* ]] && students+=(cross2 dec2)
+[[ $stages == *modules* ]] && students+=(cross2 dec2 enc2)
 if [[ $stages == *students* ]]; then
   for lr in "${lr_list[@]}"; do for seed in "${seed_list[@]}"; do
     for name in "${students[@]}"; do

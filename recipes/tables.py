@@ -76,7 +76,7 @@ def teacher(runs: Path, figures: Path) -> None:
 PLATE_LABELS = [("regular", "λ = 1 (regular)"), ("lambda1.5", "λ = 1.5"), ("lambda2", "λ = 2"),
                 ("random", "λ ~ U[1, 2]"), ("T0.5", "output T = 0.5"), ("sampling", "sampling"),
                 ("nucleus", "nucleus p = 0.9"), ("cross2", "λ = 2 on cross attention only"),
-                ("dec2", "λ = 2 on decoder self attention only")]
+                ("dec2", "λ = 2 on decoder self attention only"), ("enc2", "λ = 2 on encoder self attention only")]
 
 
 def _style_row(name: str, m: dict, attention: dict | None) -> str:

@@ -183,7 +183,7 @@ def test_the_plate_recipe_on_long_documents_with_module_temperatures_rates_and_s
                    if line.startswith("pseudolabel")]
     assert label_calls and {call[call.index("--attention-plot") + 1] for call in label_calls} == {"d1"}
     started = {(cmd, path) for cmd, path, _ in _started(rows, out)}
-    labels = ["regular", "lambda1.5", "lambda2", "random", "cross2", "dec2"]
+    labels = ["regular", "lambda1.5", "lambda2", "random", "cross2", "dec2", "enc2"]
     variants = ["", "-seed1", "-lr5e-5", "-lr5e-5-seed1"]
     assert {p for c, p in started if c == "pseudolabel"} == {f"plate-long/labels-{n}" for n in labels}
     assert {p for c, p in started if c == "distill"} == {f"plate-long/student-{n}{v}" for n in ["gold", *labels]
