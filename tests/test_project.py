@@ -186,6 +186,10 @@ def test_the_plate_recipe_on_long_documents_with_module_temperatures_rates_and_s
     labels = ["regular", "lambda1.5", "lambda2", "random", "cross2", "dec2", "enc2"]
     variants = ["", "-seed1", "-lr5e-5", "-lr5e-5-seed1"]
     assert {p for c, p in started if c == "pseudolabel"} == {f"plate-long/labels-{n}" for n in labels}
+    # Table 4: λ = 2 on one kind of attention module each, the others left at 1
+    heated = {call[call.index("-o") + 1].rsplit("labels-", 1)[1]: call for call in label_calls}
+    for name, flag in (("cross2", "--lambda-cross"), ("dec2", "--lambda-dec"), ("enc2", "--lambda-enc")):
+        assert heated[name][heated[name].index(flag) + 1] == "2.0" and "--lambda" not in heated[name], name
     assert {p for c, p in started if c == "distill"} == {f"plate-long/student-{n}{v}" for n in ["gold", *labels]
                                                          for v in variants}
     assert {p for c, p in started if c == "eval" and "-style" not in p} == {
