@@ -133,9 +133,10 @@ if [[ $stages == *students* ]]; then
 fi
 
 if [[ $stages == *eval* ]]; then
-  evaluate() {  # name, then more eval options
-    local name=$1; shift
-    run eval "$plate/student-$name" "$validation" -o "$plate/eval-$name" "${vlimit[@]}" "${gen[@]}" \
+  evaluate() {  # name, then more eval options: student-NAME (the teacher for NAME=teacher) into eval-NAME
+    local name=$1 model=$plate/student-$1; shift
+    [[ $name == teacher ]] && model=$teacher
+    run eval "$model" "$validation" -o "$plate/eval-$name" "${vlimit[@]}" "${gen[@]}" \
       --attention-stats --latency-docs 0 "$@" >/dev/null
   }
   for lr in "${lr_list[@]}"; do for seed in "${seed_list[@]}"; do
@@ -145,8 +146,7 @@ if [[ $stages == *eval* ]]; then
       [[ $name == regular ]] || spawn evaluate "$name$v" --against "$plate/eval-regular$v"
     done
     # the teacher on the same documents, for scale (Table 2's last row): once, against the seed-0 Regular student
-    [[ -n $v ]] || spawn run eval "$teacher" "$validation" -o "$plate/eval-teacher" "${vlimit[@]}" "${gen[@]}" \
-      --attention-stats --latency-docs 0 --against "$plate/eval-regular" >/dev/null
+    [[ -n $v ]] || spawn evaluate teacher --against "$plate/eval-regular"
     settle
   done; done
 fi

@@ -79,11 +79,24 @@ PLATE_LABELS = [("regular", "λ = 1 (regular)"), ("lambda1.5", "λ = 1.5"), ("la
                 ("dec2", "λ = 2 on decoder self attention only"), ("enc2", "λ = 2 on encoder self attention only")]
 
 
+def _bins(attention: dict | None) -> str:
+    """Evident cross attention by fifth of the document (`--attention-stats`), or a dash where none was recorded."""
+    return " / ".join(f"{x:.0f}" for x in attention["evident_share_by_bin"]) if attention else "–"
+
+
 def _style_row(name: str, m: dict, attention: dict | None) -> str:
     novel = " | ".join(f"{m['novel_ngrams'][k]:.1f}" for k in ("1", "2", "3", "4"))
-    bins = " / ".join(f"{x:.0f}" for x in attention["evident_share_by_bin"]) if attention else "–"
     return (f"| {name} | {m['length_words']:.2f} | {novel} | {m['copy_bias']:.1f} | {m['leading_bias']:.1f} | "
-            f"{m['rouge1']:.2f} | {bins} |")
+            f"{m['rouge1']:.2f} | {_bins(attention)} |")
+
+
+def _student_row(name: str, m: dict) -> str:
+    """A Table 2 row: ROUGE with intervals, the paired test against Regular, the summaries' style and where the
+    model's evident cross attention fell (by fifth of the document; `eval --attention-stats`)."""
+    ps = " | ".join(_delta_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
+    return (f"| {name} | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | {_rouge(m, 'rougeL')} | {ps} | "
+            f"{m['length_words']:.2f} | {m['novel_ngrams']['1']:.1f} | {m['copy_bias']:.1f} | "
+            f"{m['leading_bias']:.1f} | {_bins(m.get('attention'))} |")
 
 
 def _documents(path: Path) -> str:
@@ -151,16 +164,6 @@ def plate(runs: Path, figures: Path, long: bool = False) -> None:
     if m is not None:
         print(_student_row("*the teacher (6-6), for scale*", m))
 
-
-def _student_row(name: str, m: dict) -> str:
-    """A Table 2 row: ROUGE with intervals, the paired test against Regular, the summaries' style and where the
-    model's evident cross attention fell (by fifth of the document; `eval --attention-stats`)."""
-    ps = " | ".join(_delta_p(m, k) for k in ("rouge1", "rouge2", "rougeL"))
-    attention = m.get("attention")
-    bins = " / ".join(f"{x:.0f}" for x in attention["evident_share_by_bin"]) if attention else "–"
-    return (f"| {name} | {_rouge(m, 'rouge1')} | {_rouge(m, 'rouge2')} | {_rouge(m, 'rougeL')} | {ps} | "
-            f"{m['length_words']:.2f} | {m['novel_ngrams']['1']:.1f} | {m['copy_bias']:.1f} | "
-            f"{m['leading_bias']:.1f} | {bins} |")
 
 
 DQ_ROWS = [("float", "32-32-32 6-6 (the teacher)"), ("888-direct", "8-8-8 6-6, direct"),
