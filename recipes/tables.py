@@ -2,7 +2,9 @@
 
 The tables and figures of REPRODUCTION.md, read from the artifacts the recipes wrote under RUNS
 (default runs/repro): markdown on stdout, PNGs into --figures (default RUNS). Nothing here trains or
-generates; every number comes from an artifact's metrics.json or modelshrink.json.
+generates; every number comes from an artifact's metrics.json or modelshrink.json, except `ackd`'s: it runs
+each classifier still on disk over the validation sentences (CPU minutes) for the paired tests, and with
+--record keeps those predictions, so that a table outlives the weights.
 """
 
 from __future__ import annotations
