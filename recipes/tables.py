@@ -197,6 +197,25 @@ def _loss_windows(log: Path, term: str = "loss", width: int = 50, count: int = 4
     return windows
 
 
+def _validation_curves(logs: list[tuple[str, Path]], metric: str, label: str) -> None:
+    """Each model's held-out score at every validation of its training (the `validation` events of its
+    train_log.jsonl; training keeps the best checkpoint): a curve still rising at its last point has not converged."""
+    curves = []
+    for name, log in logs:
+        if log.is_file():
+            points = [(row["step"], row[metric]) for row in map(json.loads, log.read_text().splitlines())
+                      if row.get("event") == "validation" and metric in row]
+            if points:
+                curves.append((name, points))
+    if not curves:
+        return
+    print(f"\nHeld-out {label} at each validation during training (step: score), and the best, whose checkpoint "
+          f"is the one kept:\n\n| model | {label} by step | best |\n|---|---|---|")
+    for name, points in curves:
+        step, score = max(points, key=lambda point: point[1])
+        print(f"| {name} | " + ", ".join(f"{s}: {v:.2f}" for s, v in points) + f" | {score:.2f} at step {step} |")
+
+
 def _float_eval(folder: Path, recipe: str) -> dict:
     """The float teacher's evaluation that every DQ-BART row is measured against, or exit naming the recipe."""
     float_eval = _json(folder / "eval-float" / "metrics.json")
@@ -244,6 +263,7 @@ def dqbart(runs: Path, figures: Path) -> None:
         else:  # the same size and nearly the same score: one point with both names, not two labels on top
             points[near] = (f"{points[near][0]} / {key}", stored, points[near][2])
     _pairs_table(folder, DQ_PAIRS, DQ_ROWS, {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L"})
+    _validation_curves([(name, folder / key / "train_log.jsonl") for key, name in DQ_ROWS[1:]], "rougeL", "ROUGE-L")
     trends = [(f"{name}, {what}", _loss_windows(folder / key / "train_log.jsonl", term)) for key, name in DQ_ROWS
               for term, what in (("loss", "total"), ("kd_hidden", "hidden-state term"))]
     trends = [(name, windows) for name, windows in trends if windows]
@@ -297,6 +317,9 @@ def dqbart_mt(runs: Path, figures: Path) -> None:
               f"{' / '.join(map(str, paper)) if paper else '–'} |")
         points.append((key, stored, m["bleu"]))
     _pairs_table(folder, DQ_MT_PAIRS, DQ_MT_ROWS, {"bleu": "BLEU", "chrf": "chrF"})
+    # the teacher is trained by the same recipe (RUNS/teacher), so its curve is here too
+    _validation_curves([(name, (runs / "teacher" if key == "float" else folder / key) / "train_log.jsonl")
+                        for key, name in DQ_MT_ROWS], "bleu", "BLEU")
     try:
         from modelshrink.figures import quality_vs_footprint
 

@@ -52,6 +52,8 @@ def test_dqbart_rows_pairs_clamped_rows_and_loss_windows(tmp_path):
         _write(folder / key, {"metrics": {"bytes_on_disk": 50_000_000, "bytes_at_nominal_bits": 50_000_000}})
     _write(folder / "eval-888-direct-clip-vs-888-direct", _metrics(22.5, against=gap))
     log = [{"step": step, "loss": 5.0 - step / 100, "kd_hidden": 1.0} for step in range(10, 301, 10)]
+    log += [{"step": step, "event": "validation", "rougeL": score, "best_step": 120}
+            for step, score in ((60, 30.5), (120, 38.675), (180, 37.0))]
     (folder / "888-6-6-clip" / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     out = _tables("dqbart", str(tmp_path), "--figures", str(tmp_path / "f"))
     assert "| 8-8-8 6-6, direct, clamp ±2.5 | 50.0 | 4.0× | 50.0 | 4.0× | 22.50 [21.50, 23.50] |" in out
@@ -60,6 +62,8 @@ def test_dqbart_rows_pairs_clamped_rows_and_loss_windows(tmp_path):
     # the last four windows of 50 steps, means of the logged loss: steps 101-150 log 5 - 1.1 .. 5 - 1.5 (mean 3.7)
     assert "| model | steps 101-150 | steps 151-200 | steps 201-250 | steps 251-300 |" in out
     assert "| 8-8-8 6-6, distillation-aware, clamp ±2.5, total | 3.70 | 3.20 | 2.70 | 2.20 |" in out
+    # the held-out curve that chose the checkpoint, and its best point
+    assert "| 8-8-8 6-6, distillation-aware, clamp ±2.5 | 60: 30.50, 120: 38.67, 180: 37.00 | 38.67 at step 120 |" in out
 
 
 def test_dqbart_mt_rows_bleu_chrf_and_the_papers_table_2(tmp_path):
@@ -77,7 +81,12 @@ def test_dqbart_mt_rows_bleu_chrf_and_the_papers_table_2(tmp_path):
     _write(folder / "888-direct", {"metrics": {"bytes_on_disk": 12_500_000}})
     _write(folder / "eval-888-6-6-vs-888-direct", bleu(29.0, against={"delta": {"bleu": 28.5, "chrf": 30.0},
                                                                       "p": {"bleu": 0.0001, "chrf": 0.0001}}))
+    (tmp_path / "teacher").mkdir()
+    (tmp_path / "teacher" / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"step": 250, "loss": 4.0}, {"step": 250, "event": "validation", "bleu": 5.36, "best_step": 250},
+        {"step": 500, "event": "validation", "bleu": 11.89, "best_step": 500})))
     out = _tables("dqbart-mt", str(tmp_path), "--figures", str(tmp_path / "f"))
+    assert "| 32-32-32 6-6 (the teacher) | 250: 5.36, 500: 11.89 | 11.89 at step 500 |" in out
     assert "| 32-32-32 6-6 (the teacher) | 50.0 | 1.0× | 30.00 [29.00, 31.00] | 50.00 [49.00, 51.00] | – | – | " \
            "12-12 / 1x / 26.82 |" in out
     assert "| 8-8-8 6-6, direct | 12.5 | 4.0× | 0.50 [-0.50, 1.50] | 20.50 [19.50, 21.50] | -29.50 (< 0.001*) | " \
