@@ -386,7 +386,15 @@ def ackd(runs: Path, figures: Path, data: Path, teacher: Path, record: Path | No
     teacher_acc = (100 * statistics.mean(float(p == g) for p, g in zip(teacher_pred, gold))
                    if teacher_pred is not None else None)
     if teacher_acc is not None:
-        print(f"Teacher (MiniLM-L6 fine-tuned): {teacher_acc:.2f}% on {len(gold)} validation sentences.\n")
+        kept = (_json(teacher / "modelshrink.json") or {}).get("metrics", {})  # its training's own validation
+        chosen = kept.get("validation") or {}
+        extra = (f" (best checkpoint: step {chosen['step']} of {kept['steps']}, F1 {chosen['f1']:.2f}, "
+                 f"MCC {chosen['mcc']:.2f})" if {"step", "f1", "mcc"} <= chosen.keys() and "steps" in kept else "")
+        print(f"Teacher (MiniLM-L6 fine-tuned): {teacher_acc:.2f}% on {len(gold)} validation sentences{extra}.\n")
+    if (data / "train.jsonl").is_file():  # how balanced the task is (the five-class bins are not)
+        labels = [r["label"] for r in classify.read_labeled(str(data / "train.jsonl"))]
+        print("Training sentences by class: " + ", ".join(
+            f"{c}: {100 * labels.count(c) / len(labels):.1f}%" for c in sorted(set(labels))) + "\n")
     print("| student | seeds | accuracy mean ± std | per seed | p vs CE | p vs KD | p vs KD + PT | p vs ACKD | "
           "sentences classified unlike KD |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -186,6 +186,8 @@ def test_ackd_table_keeps_each_models_predictions_and_tables_seeds_recorded_by_a
 
     first, second, record = tmp_path / "first", tmp_path / "second", tmp_path / "record"
     model(first / "teacher", 0)
+    (first / "teacher" / "modelshrink.json").write_text(json.dumps(  # its training's best validation
+        {"metrics": {"steps": 747, "validation": {"step": 372, "accuracy": 87.6686, "f1": 87.3767, "mcc": 75.3559}}}))
     for name, seed in (("ce", 1), ("kd", 2)):
         model(first / "seed-0" / f"student-{name}", seed)
         model(second / "seed-1" / f"student-{name}", seed + 10)
@@ -194,19 +196,24 @@ def test_ackd_table_keeps_each_models_predictions_and_tables_seeds_recorded_by_a
     assert (record / "teacher.json").is_file() and (record / "seed-0" / "student-kd.json").is_file()
     kept = json.loads((record / "seed-0" / "student-ce.json").read_text())
     assert len(kept["predicted"]) == len(rows) and set(kept["predicted"]) <= {0, 1}
-    assert "| CE only | 1 |" in one and "Teacher" in one
+    assert "| CE only | 1 |" in one and "(best checkpoint: step 372 of 747, F1 87.38, MCC 75.36)." in one
+    assert "Training sentences by class" not in one  # no train.jsonl beside the validation sentences
     header = next(line for line in one.splitlines() if line.startswith("| student |"))
     assert "| p vs ACKD |" in header  # Fig. 3 compares each ablation with ACKD
     assert all(line.count("|") == header.count("|") for line in one.splitlines() if line.startswith("| CE only"))
     shutil.rmtree(first)  # the first session's weights are gone
+    # four sentences of each class and one more of class 0
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:8] + rows[:1]))
     both = _tables("ackd", str(second), *common, "--teacher", str(tmp_path / "none"))
+    assert "Training sentences by class: 0: 55.6%, 1: 44.4%" in both
     assert "| CE only | 2 |" in both and "| KD (CE + KD) | 2 |" in both
     per_seed = {line.split("|")[1].strip(): line.split("|")[4].strip() for line in one.splitlines()
                 if line.startswith("| CE only") or line.startswith("| KD (CE + KD)")}
     for name, values in per_seed.items():  # seed 0's accuracy, from the record, is the first of the two
         row = next(line for line in both.splitlines() if line.startswith(f"| {name} |"))
         assert row.split("|")[4].strip().startswith(values + ", ")
-    assert one.splitlines()[0] == both.splitlines()[0]  # the teacher's accuracy, from its record
+    # the teacher's accuracy, from its record (its F1 and MCC come from its manifest, gone with its weights)
+    assert one.splitlines()[0].split(" (best")[0] == both.splitlines()[0].removesuffix(".")
     # without --record nothing is read from it
     assert "| CE only | 1 |" in _tables("ackd", str(second), "--data", str(data), "--figures", str(tmp_path / "f2"))
     # a follow-up ACKD student is set against the KD + PT student of its own features (the kd-pt-mean control)
