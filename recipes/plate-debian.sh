@@ -28,7 +28,11 @@
 # LRS="3e-4 5e-5": students (and their evaluations) at each learning rate (the first is the budget's own,
 #   the others get -lrX in their names; PLATE tunes its students' in 1e-5..7e-5); SEEDS="0 1": each student
 #   at each seed (-seedS in the name for S != 0), each tested against the Regular student of its own lr and seed.
-# Knobs: DOCS, STUDENT_STEPS, VALID_DOCS, LONG, PLOT_DOC, LRS, SEEDS, STAGES, LAUNCH, TEACHER (another seq2seq teacher folder), and
+# NAMES="gold regular random": only these label sets, students and evaluations of the STAGES run (names: gold,
+#   regular, lambda1.5, lambda2, random, T0.5, sampling, nucleus, cross2, dec2, enc2, teacher), e.g. a second seed
+#   of the rows whose difference from Regular is inside one interval; the Regular evaluation each is tested
+#   against is still made first (kept, with --resume, when it exists).
+# Knobs: DOCS, STUDENT_STEPS, VALID_DOCS, LONG, PLOT_DOC, LRS, SEEDS, NAMES, STAGES, LAUNCH, TEACHER (another seq2seq teacher folder), and
 # JOBS=N: the label sets, the students and the evaluations run N at a time, THREADS (1) threads each
 # (recipes/lib/jobs.sh; REPRODUCTION.md ran JOBS=2 on 2 CPU cores).
 # Interrupted? Run it again: every step passes --resume (finished artifacts are kept as they are, label sets
@@ -41,7 +45,12 @@ scale=${SCALE:-small}
 stages=${STAGES:-"teacher labels students eval table"}
 launch=${LAUNCH:-modelshrink}
 teacher=${TEACHER:-$out/teacher}
-long=${LONG:-0} seeds=${SEEDS:-0}
+long=${LONG:-0} seeds=${SEEDS:-0} names=${NAMES:-}
+known=" gold regular lambda1.5 lambda2 random T0.5 sampling nucleus cross2 dec2 enc2 teacher "
+for name in $names; do
+  [[ $known == *" $name "* ]] || { echo "NAMES: unknown name '$name' (known:$known)" >&2; exit 2; }
+done
+wanted() { [[ -z $names || " $names " == *" $1 "* ]]; }  # is $1 among NAMES (or NAMES unset)?
 case $scale in
   small) docs=${DOCS:-4000} valid=${VALID_DOCS:-1000} lrs=${LRS:-3e-4}
          budget=(--max-steps "${STUDENT_STEPS:-400}" --warmup-steps 40 --max-tokens 3072 --save-every 100) ;;
@@ -93,6 +102,7 @@ fi
 # name, then the pseudolabel options that make it
 labels() {
   local name=$1; shift
+  wanted "$name" || return 0
   run pseudolabel "$teacher" "$train" -o "$plate/labels-$name" "${limit[@]}" "${gen[@]}" --max-tokens 4096 \
     --attention-stats --attention-plot "$plot_doc" "$@" >/dev/null
   # scored again only when the label set is newer than its score (a rerun keeps both)
@@ -123,6 +133,7 @@ students=(gold regular lambda1.5 lambda2 random)
 if [[ $stages == *students* ]]; then
   for lr in "${lr_list[@]}"; do for seed in "${seed_list[@]}"; do
     for name in "${students[@]}"; do
+      wanted "$name" || continue
       if [[ $name == gold ]]; then source=("$train" "${limit[@]}"); else source=("$plate/labels-$name"); fi
       spawn run distill "${source[@]}" -o "$plate/student-$name$(variant "$lr" "$seed")" --teacher "$teacher" \
         --decoder-layers 2 "${budget[@]}" --lr "$lr" --max-source-length "$source_length" --max-target-length 32 \
@@ -143,10 +154,10 @@ if [[ $stages == *eval* ]]; then
     v=$(variant "$lr" "$seed")
     evaluate "regular$v"   # first, on all threads: the others of its rate and seed are tested against it
     for name in "${students[@]}"; do
-      [[ $name == regular ]] || spawn evaluate "$name$v" --against "$plate/eval-regular$v"
+      [[ $name == regular ]] || ! wanted "$name" || spawn evaluate "$name$v" --against "$plate/eval-regular$v"
     done
     # the teacher on the same documents, for scale (Table 2's last row): once, against the seed-0 Regular student
-    [[ -n $v ]] || spawn evaluate teacher --against "$plate/eval-regular"
+    [[ -n $v ]] || ! wanted teacher || spawn evaluate teacher --against "$plate/eval-regular"
     settle
   done; done
 fi

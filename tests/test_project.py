@@ -202,6 +202,28 @@ def test_the_plate_recipe_on_long_documents_with_module_temperatures_rates_and_s
     assert teacher[0][teacher[0].index("--against") + 1] == f"{out}/plate-long/eval-regular"
 
 
+def test_the_plate_recipe_runs_only_the_named_rows_and_refuses_an_unknown_name(tmp_path):
+    """NAMES picks rows (here a second seed of the ones inside one interval of Regular): only their students and
+    evaluations run, the Regular evaluation first; a misspelt name stops the recipe before anything runs."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    (data / "train.jsonl.gz").write_bytes(b"")
+    done, rows = _run_recipe_with_a_stub("plate-debian.sh", data, out, tmp_path, pause=0, JOBS="2", SEEDS="1",
+                                         NAMES="gold regular random", STAGES="labels baselines students eval")
+    assert done.returncode == 0, done.stderr
+    started = _started(rows, out)
+    assert sorted(p for c, p, _ in started if c == "pseudolabel") == ["plate/labels-random", "plate/labels-regular"]
+    assert sorted(p for c, p, _ in started if c == "distill") == [
+        f"plate/student-{n}-seed1" for n in ("gold", "random", "regular")]
+    evals = [p for c, p, _ in started if c == "eval" and "-style" not in p]
+    assert evals[0] == "plate/eval-regular-seed1" and sorted(evals[1:]) == [
+        "plate/eval-gold-seed1", "plate/eval-random-seed1"]  # no teacher: not named
+    (tmp_path / "misspelt").mkdir()
+    done, rows = _run_recipe_with_a_stub("plate-debian.sh", data, out, tmp_path / "misspelt", pause=0,
+                                         NAMES="regular lambda-2", STAGES="students")
+    assert done.returncode == 2 and "unknown name 'lambda-2'" in done.stderr and rows == [], done.stderr
+
+
 @pytest.mark.parametrize("recipe", ["plate-debian.sh", "dq-bart-debian.sh"])
 def test_jobs_with_a_launcher_is_refused_before_anything_runs(recipe, tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
