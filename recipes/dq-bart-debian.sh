@@ -28,7 +28,10 @@
 #   SCALE=paper  the paper's schedule: 10 epochs (quantization only) or 20 (quantization + fewer
 #                layers), batch 128, lr 3e-5, 5% warmup, best checkpoint by ROUGE-L on the held-out
 #                validation rows. For GPUs: LAUNCH="accelerate launch -m modelshrink".
-# Knobs: STEPS, DOCS (training pairs; default all), VALID_DOCS, CLIP, STAGES, LAUNCH, TEACHER, and JOBS=N: the
+# ROWS="228-6-6": only these rows (of 888-direct 228-direct 888-6-6 228-6-6 228-6-3), their clamp twins, and the
+# comparisons between rows both named; an unknown name stops the recipe before anything runs.
+# EVERY (SCALE=gpu): validate and checkpoint every EVERY steps (default 60).
+# Knobs: STEPS, EVERY, ROWS, DOCS (training pairs; default all), VALID_DOCS, CLIP, STAGES, LAUNCH, TEACHER, and JOBS=N: the
 # distillation-aware models and the evaluations run N at a time, THREADS (1) threads each (recipes/lib/jobs.sh;
 # REPRODUCTION.md ran JOBS=2 on 2 CPU cores).
 # Interrupted? Run it again: every step passes --resume (models continue from their last checkpoint,
@@ -51,8 +54,8 @@ case $scale in
          every=(--lr 1e-4 --warmup-ratio 0.05 --max-tokens 3072 --save-every 100)
          same=(--max-steps "$steps" "${every[@]}") fewer=(--max-steps $((2 * steps)) "${every[@]}") ;;
   gpu)   steps=${STEPS:-240}
-         every=(--lr 1e-4 --warmup-ratio 0.05 --max-tokens 12288 "${select[@]}" --eval-limit 300 --eval-every 60
-                --early-stopping 3 --save-every 60)
+         every=(--lr 1e-4 --warmup-ratio 0.05 --max-tokens 12288 "${select[@]}" --eval-limit 300
+                --eval-every "${EVERY:-60}" --early-stopping 3 --save-every "${EVERY:-60}")
          same=(--max-steps "$steps" "${every[@]}") fewer=(--max-steps $((2 * steps)) "${every[@]}") ;;
   paper) every=(--lr 3e-5 --warmup-ratio 0.05 --batch-size 128 "${select[@]}" --eval-every 500 --eval-limit 500
                 --save-every 500)
@@ -76,12 +79,25 @@ source "$here/lib/dq_eval.sh"
 [[ $jobs_max == 1 || $launch == modelshrink ]] || {
   echo "JOBS=$jobs_max runs one-process steps side by side on a CPU machine; with LAUNCH ($launch) keep JOBS=1" >&2; exit 2; }
 
+rows=(888-direct 228-direct 888-6-6 228-6-6 228-6-3)
+pairs=(888-6-6:888-direct 228-6-6:228-direct 228-6-3:228-6-6)
+if [[ -n ${ROWS:-} ]]; then
+  for name in $ROWS; do
+    [[ " ${rows[*]} " == *" $name "* ]] || { echo "ROWS: unknown row '$name' (known: ${rows[*]})" >&2; exit 2; }
+  done
+  kept=() kept_pairs=()
+  for name in "${rows[@]}"; do [[ " $ROWS " != *" $name "* ]] || kept+=("$name"); done
+  for pair in "${pairs[@]}"; do
+    [[ " $ROWS " != *" ${pair%%:*} "* || " $ROWS " != *" ${pair##*:} "* ]] || kept_pairs+=("$pair")
+  done
+  rows=("${kept[@]}") pairs=("${kept_pairs[@]}")
+fi
+wanted() { [[ " ${rows[*]} " == *" $1 "* ]]; }  # is row $1 made (ROWS unset, or named there)?
+
 if [[ $stages == *teacher* && $teacher == "$out/teacher" ]]; then
   SCALE=$scale bash "$here/teacher-debian.sh" "$data" "$out/teacher"
 fi
 
-rows=(888-direct 228-direct 888-6-6 228-6-6 228-6-3)
-pairs=(888-6-6:888-direct 228-6-6:228-direct 228-6-3:228-6-6)
 variants=(""); [[ $clip == none ]] || variants+=(-clip)
 models=() compared=()
 for v in "${variants[@]}"; do
@@ -93,15 +109,17 @@ if [[ $stages == *quant* ]]; then
   aware=(--data "$train" "${limit[@]}" --max-source-length 128 --max-target-length 32 --seed 0)
   for v in "${variants[@]}"; do
     c=(); [[ -z $v ]] || c=(--activation-clip "$clip")
-    run quantize "$teacher" -o "$dq/888-direct$v" --bits 8-8-8 --method direct "${c[@]}" >/dev/null
-    run quantize "$teacher" -o "$dq/228-direct$v" --bits 2-2-8 --method direct "${c[@]}" >/dev/null
+    ! wanted 888-direct || run quantize "$teacher" -o "$dq/888-direct$v" --bits 8-8-8 --method direct "${c[@]}" >/dev/null
+    ! wanted 228-direct || run quantize "$teacher" -o "$dq/228-direct$v" --bits 2-2-8 --method direct "${c[@]}" >/dev/null
   done
   for v in "${variants[@]}"; do
     c=(); [[ -z $v ]] || c=(--activation-clip "$clip")
-    spawn run quantize "$teacher" -o "$dq/888-6-6$v" --bits 8-8-8 "${c[@]}" "${aware[@]}" "${same[@]}" >/dev/null
-    spawn run quantize "$teacher" -o "$dq/228-6-6$v" --bits 2-2-8 "${c[@]}" "${aware[@]}" "${same[@]}" >/dev/null
-    spawn run quantize "$teacher" -o "$dq/228-6-3$v" --bits 2-2-8 --decoder-layers 3 "${c[@]}" "${aware[@]}" \
-      "${fewer[@]}" >/dev/null
+    ! wanted 888-6-6 || spawn run quantize "$teacher" -o "$dq/888-6-6$v" --bits 8-8-8 "${c[@]}" "${aware[@]}" \
+      "${same[@]}" >/dev/null
+    ! wanted 228-6-6 || spawn run quantize "$teacher" -o "$dq/228-6-6$v" --bits 2-2-8 "${c[@]}" "${aware[@]}" \
+      "${same[@]}" >/dev/null
+    ! wanted 228-6-3 || spawn run quantize "$teacher" -o "$dq/228-6-3$v" --bits 2-2-8 --decoder-layers 3 "${c[@]}" \
+      "${aware[@]}" "${fewer[@]}" >/dev/null
   done
   settle
 fi

@@ -224,6 +224,30 @@ def test_the_plate_recipe_runs_only_the_named_rows_and_refuses_an_unknown_name(t
     assert done.returncode == 2 and "unknown name 'lambda-2'" in done.stderr and rows == [], done.stderr
 
 
+def test_dq_bart_rows_knob_makes_only_the_named_rows_and_their_comparisons(tmp_path):
+    """ROWS="228-6-6 228-direct" CLIP=none makes and scores those two (the teacher first) and tests one against the
+    other; EVERY sets SCALE=gpu's validation and checkpoint interval; an unknown row stops before anything runs."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    (data / "train.jsonl.gz").write_bytes(b"")
+    import gzip
+    (data / "validation.jsonl.gz").write_bytes(gzip.compress(b'{"document": "a", "summary": "b"}\n' * 3))
+    done, rows = _run_recipe_with_a_stub("dq-bart-debian.sh", data, out, tmp_path, pause=0, ROWS="228-6-6 228-direct",
+                                         CLIP="none", SCALE="gpu", EVERY="80", VALID_DOCS="1", STAGES="quant eval")
+    assert done.returncode == 0, done.stderr
+    started = _started(rows, out)
+    assert [(c, p) for c, p, _ in started] == [
+        ("quantize", "dq-bart/228-direct"), ("quantize", "dq-bart/228-6-6"), ("eval", "dq-bart/eval-float"),
+        ("eval", "dq-bart/eval-228-direct"), ("eval", "dq-bart/eval-228-6-6"),
+        ("eval", "dq-bart/eval-228-6-6-vs-228-direct")]
+    trained = [line for line in (tmp_path / "calls-args").read_text().splitlines() if "228-6-6 " in line + " "]
+    assert "--eval-every 80" in trained[0] and "--save-every 80" in trained[0]
+    (tmp_path / "misspelt").mkdir()
+    done, rows = _run_recipe_with_a_stub("dq-bart-debian.sh", data, out, tmp_path / "misspelt", pause=0,
+                                         ROWS="228-6-6 2-2-8", STAGES="quant eval")
+    assert done.returncode == 2 and "unknown row '2-2-8'" in done.stderr and rows == [], done.stderr
+
+
 @pytest.mark.parametrize("recipe", ["plate-debian.sh", "dq-bart-debian.sh"])
 def test_jobs_with_a_launcher_is_refused_before_anything_runs(recipe, tmp_path):
     data, out = tmp_path / "data", tmp_path / "out"
