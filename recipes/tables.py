@@ -165,6 +165,64 @@ def plate(runs: Path, figures: Path, long: bool = False) -> None:
     m = _json(folder / "eval-teacher" / "metrics.json")
     if m is not None:
         print(_student_row("*the teacher (6-6), for scale*", m))
+    _pooled_seeds(folder, variants)
+
+
+def _document_scores(folder: Path) -> dict[str, list[float]] | None:
+    """Per-document ROUGE F1 of an evaluation (its predictions.jsonl), by metric, in document order."""
+    path = folder / "predictions.jsonl"
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {"id": [r.get("id") for r in rows], **{k: [r["scores"][k] for r in rows] for k in ("rouge1", "rouge2", "rougeL")}}
+
+
+def _pooled_seeds(folder: Path, variants: list[str]) -> None:
+    """Students trained at more than one seed (the recipe's SEEDS; -seedS names): ROUGE-1 by seed, each seed's
+    difference from the Regular student of the same seed, and one paired permutation test over every (seed,
+    document) pair, so that two seeds' documents weigh in one comparison."""
+    import re
+
+    from modelshrink.metrics.stats import paired_test
+
+    groups: dict[str, list[str]] = {}
+    for v in variants:
+        groups.setdefault(re.sub(r"-seed\d+$", "", v), []).append(v)
+    lines = []
+    for base, seeds in groups.items():
+        regular = {v: _document_scores(folder / f"eval-regular{v}") for v in seeds}
+        for key, name in [("gold", "gold synopses")] + PLATE_LABELS:
+            if key == "regular":
+                continue
+            found = [(v, _document_scores(folder / f"eval-{key}{v}")) for v in seeds if regular[v] is not None]
+            found = [(v, d) for v, d in found if d is not None]
+            if len(found) < 2:
+                continue
+            for v, d in found:
+                if d["id"] != regular[v]["id"]:
+                    raise SystemExit(f"eval-{key}{v} and eval-regular{v} scored different documents")
+            mean = statistics.mean
+            by_seed = ", ".join(f"{mean(d['rouge1']):.2f}" for _, d in found)
+            regular_by_seed = ", ".join(f"{mean(regular[v]['rouge1']):.2f}" for v, _ in found)
+            deltas = ", ".join(f"{mean(d['rouge1']) - mean(regular[v]['rouge1']):+.2f}" for v, d in found)
+            pooled = []
+            for metric in ("rouge1", "rouge2", "rougeL"):
+                a = [x for _, d in found for x in d[metric]]
+                b = [x for v, _ in found for x in regular[v][metric]]
+                p = paired_test(a, b)
+                pooled.append(f"{mean(a) - mean(b):+.2f} (" + ("< 0.001" if p < 0.001 else f"{p:.3f}")
+                              + ("*" if p < 0.05 else "") + ")")
+            lr = f" ({base[1:].replace('-', ', ')})" if base else ""
+            lines.append(f"| {name}{lr} | {len(found)} | {by_seed} | {regular_by_seed} | {deltas} | "
+                         + " | ".join(pooled) + " |")
+    if lines:
+        print("\nStudents at more than one seed (ROUGE-1 by seed, seed 0 first; Δ against the Regular student of "
+              "the same seed; pooled: one paired permutation test over every seed's documents, pairs matched by "
+              "seed and document)\n")
+        print("| student trained on | seeds | R-1 by seed | Regular's R-1 by seed | Δ R-1 by seed | pooled Δ R-1 (p) | "
+              "pooled Δ R-2 (p) | pooled Δ R-L (p) |")
+        print("|---|---|---|---|---|---|---|---|")
+        print("\n".join(lines))
 
 
 

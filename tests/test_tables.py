@@ -264,3 +264,34 @@ def test_plate_table_of_the_long_documents_keeps_the_short_runs_figure(tmp_path)
     assert rows[-1].endswith("| 9.6 | 64.4 | – |")  # no attention recorded for the teacher here
     assert rows[-1].startswith("| *the teacher (6-6), for scale* | 37.27 [36.27, 38.27] |")
     assert "+4.74 (0.002*)" in rows[-1]
+
+
+def test_plate_table_pools_the_seeds_of_a_student_against_regular_of_the_same_seed(tmp_path):
+    """Students at two seeds (the recipe's SEEDS=1 adds -seed1 names): R-1 by seed, Δ against Regular of the same
+    seed, and one paired test over both seeds' documents; a student at one seed only gets no pooled row, and two
+    evaluations of different documents are refused."""
+    folder = tmp_path / "runs" / "plate-long"
+    style = {"length_words": 6.0, "novel_ngrams": {k: 20.0 for k in "1234"}, "copy_bias": 5.0, "leading_bias": 60.0}
+
+    def evaluation(name: str, scores: list[float], ids: list[str] | None = None) -> None:
+        _write(folder / name, {**_metrics(sum(scores) / len(scores)), **style})
+        ids = ids or [f"doc{i}" for i in range(len(scores))]
+        (folder / name / "predictions.jsonl").write_text("".join(
+            json.dumps({"id": i, "scores": {k: s for k in ("rouge1", "rouge2", "rougeL")}}) + "\n"
+            for i, s in zip(ids, scores)))
+
+    evaluation("eval-regular", [30.0] * 20)
+    evaluation("eval-regular-seed1", [32.0] * 20)
+    evaluation("eval-gold", [31.0] * 20)  # +1 on every document at both seeds: significant pooled
+    evaluation("eval-gold-seed1", [33.0] * 20)
+    evaluation("eval-random", [29.0] * 20)  # one seed only
+    out = _tables("plate", str(tmp_path / "runs"), "--long", "--figures", str(tmp_path / "figures"))
+    pooled = [line for line in out.splitlines() if line.startswith("| gold synopses | 2 |")]
+    assert pooled == ["| gold synopses | 2 | 31.00, 33.00 | 30.00, 32.00 | +1.00, +1.00 | +1.00 (< 0.001*) | "
+                      "+1.00 (< 0.001*) | +1.00 (< 0.001*) |"]
+    assert not any(line.startswith("| λ ~ U[1, 2] | ") and "| 2 |" in line for line in out.splitlines())
+    evaluation("eval-gold-seed1", [33.0] * 20, ids=[f"other{i}" for i in range(20)])
+    import pytest
+
+    with pytest.raises(SystemExit, match="different documents"):
+        _tables("plate", str(tmp_path / "runs"), "--long", "--figures", str(tmp_path / "figures"))
