@@ -85,11 +85,10 @@ if [[ -n ${ROWS:-} ]]; then
   for name in $ROWS; do
     [[ " ${rows[*]} " == *" $name "* ]] || { echo "ROWS: unknown row '$name' (known: ${rows[*]})" >&2; exit 2; }
   done
+  named() { [[ " $ROWS " == *" $1 "* ]]; }
   kept=() kept_pairs=()
-  for name in "${rows[@]}"; do [[ " $ROWS " != *" $name "* ]] || kept+=("$name"); done
-  for pair in "${pairs[@]}"; do
-    [[ " $ROWS " != *" ${pair%%:*} "* || " $ROWS " != *" ${pair##*:} "* ]] || kept_pairs+=("$pair")
-  done
+  for name in "${rows[@]}"; do if named "$name"; then kept+=("$name"); fi; done
+  for pair in "${pairs[@]}"; do if named "${pair%%:*}" && named "${pair##*:}"; then kept_pairs+=("$pair"); fi; done
   rows=("${kept[@]}") pairs=("${kept_pairs[@]}")
 fi
 wanted() { [[ " ${rows[*]} " == *" $1 "* ]]; }  # is row $1 made (ROWS unset, or named there)?

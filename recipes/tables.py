@@ -25,11 +25,15 @@ def _rouge(m: dict, key: str) -> str:
     return f"{m[key]:.2f} [{low:.2f}, {high:.2f}]"
 
 
+def _p_text(p: float, star: bool = True) -> str:
+    """A p-value as the tables write it, starred below 0.05."""
+    return ("< 0.001" if p < 0.001 else f"{p:.3f}") + ("*" if star and p < 0.05 else "")
+
+
 def _p(m: dict, key: str) -> str:
     if "against" not in m:
         return "–"
-    p = m["against"]["p"][key]
-    return ("< 0.001" if p < 0.001 else f"{p:.3f}") + ("*" if p < 0.05 else "")
+    return _p_text(m["against"]["p"][key])
 
 
 def _delta_p(m: dict, key: str) -> str:
@@ -209,9 +213,7 @@ def _pooled_seeds(folder: Path, variants: list[str]) -> None:
             for metric in ("rouge1", "rouge2", "rougeL"):
                 a = [x for _, d in found for x in d[metric]]
                 b = [x for v, _ in found for x in regular[v][metric]]
-                p = paired_test(a, b)
-                pooled.append(f"{mean(a) - mean(b):+.2f} (" + ("< 0.001" if p < 0.001 else f"{p:.3f}")
-                              + ("*" if p < 0.05 else "") + ")")
+                pooled.append(f"{mean(a) - mean(b):+.2f} ({_p_text(paired_test(a, b))})")
             lr = f" ({base[1:].replace('-', ', ')})" if base else ""
             lines.append(f"| {name}{lr} | {len(found)} | {by_seed} | {regular_by_seed} | {deltas} | "
                          + " | ".join(pooled) + " |")
@@ -470,8 +472,7 @@ def ackd(runs: Path, figures: Path, data: Path, teacher: Path, record: Path | No
                 return "–"
             a = [x for s in common for x in results[key][s]]
             b = [x for s in common for x in results[ref][s]]
-            p = paired_test(a, b)
-            return "< 0.001" if p < 0.001 else f"{p:.3f}"
+            return _p_text(paired_test(a, b), star=False)
 
         flips = [sum(a != b for a, b in zip(found[key][s], found["kd"][s])) for s in results[key]
                  if s in found.get("kd", {})]

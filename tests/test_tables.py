@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TABLES = Path(__file__).resolve().parents[1] / "recipes" / "tables.py"
 
 
@@ -291,7 +293,5 @@ def test_plate_table_pools_the_seeds_of_a_student_against_regular_of_the_same_se
                       "+1.00 (< 0.001*) | +1.00 (< 0.001*) |"]
     assert not any(line.startswith("| λ ~ U[1, 2] | ") and "| 2 |" in line for line in out.splitlines())
     evaluation("eval-gold-seed1", [33.0] * 20, ids=[f"other{i}" for i in range(20)])
-    import pytest
-
     with pytest.raises(SystemExit, match="different documents"):
         _tables("plate", str(tmp_path / "runs"), "--long", "--figures", str(tmp_path / "figures"))
