@@ -79,8 +79,14 @@ def test_perfect_system_scores_100_and_beats_a_weak_one_significantly(docs_jsonl
     assert metrics["limited_length_recall"]["rouge1"] == 100.0
     assert all(p < 0.01 for p in metrics["against"]["p"].values())
     assert metrics["against"]["other_scores"]["rouge1"] == weak_metrics["rouge1"]
+    assert metrics["against"]["same_predictions"] == 0
     _, same = evaluate(EvalOptions(data=str(weak), references=str(docs_jsonl), against=str(weak)), tmp_path / "same")
     assert all(p == 1.0 for p in same["against"]["p"].values())
+    assert same["against"]["same_predictions"] == len(DOCUMENTS)
+    one = _preds(tmp_path, "one.jsonl", SUMMARIES[:1] + [d.split()[0] for d in DOCUMENTS[1:]])
+    _, half = evaluate(EvalOptions(data=str(one), references=str(docs_jsonl), against=str(tmp_path / "weak")),
+                       tmp_path / "one")
+    assert half["against"]["same_predictions"] == len(DOCUMENTS) - 1
 
 
 def test_empty_prediction_scores_zero_is_counted_and_warned(docs_jsonl, tmp_path):

@@ -204,4 +204,6 @@ def against(rows: list[dict[str, Any]], task: str, options: EvalOptions) -> dict
     result: dict[str, Any] = {"other": str(other_path), "method": options.significance,
                               "resamples": options.significance_resamples, "seed": options.seed, **tests}
     result["significant_at_0.05"] = {k: p < 0.05 for k, p in result["p"].items()}
+    # how many outputs a change (quantization, export, another device) left word for word as they were
+    result["same_predictions"] = sum(r["prediction"] == o["prediction"] for r, o in zip(rows, paired))
     return result

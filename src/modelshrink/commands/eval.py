@@ -57,6 +57,9 @@ def _print_table(metrics: dict[str, Any]) -> None:
             if key in against.get("p", {}):
                 note += f"  Δ {against['delta'][key]:+.2f} vs other, p = {against['p'][key]:.4f}"
             table.add_row(key, f"{metrics[key]:.2f}", note)
+    if "same_predictions" in against:
+        same, count = against["same_predictions"], metrics["documents"]
+        table.add_row("same output as other", f"{same} of {count}", f"{100 * same / max(count, 1):.1f}%")
     if "correct" in against.get("p", {}):
         table.add_row("accuracy vs other", f"{against['delta']['correct'] * 100:+.2f}",
                       f"p = {against['p']['correct']:.4f}")
