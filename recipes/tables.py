@@ -164,12 +164,24 @@ def plate(runs: Path, figures: Path, long: bool = False) -> None:
         for key, name in [("gold", "gold synopses")] + PLATE_LABELS:
             m = _json(folder / f"eval-{key}{variant}" / "metrics.json")
             if m is not None:
-                print(_student_row(name + (f" ({variant[1:].replace('-', ', ')})" if variant else ""), m))
+                print(_student_row(name + _variant_label(variant), m))
     # the teacher on the same validation documents (`eval TEACHER ... -o eval-teacher --against eval-regular`)
     m = _json(folder / "eval-teacher" / "metrics.json")
     if m is not None:
         print(_student_row("*the teacher (6-6), for scale*", m))
     _pooled_seeds(folder, variants)
+
+
+def _variant_label(variant: str) -> str:
+    """" (lr 5e-5, seed 1)" for the recipe's "-lr5e-5-seed1" name suffix ("" for none); a learning rate's own
+    hyphen ("5e-5") is kept."""
+    import re
+
+    found = re.fullmatch(r"(?:-lr(.+?))?(?:-seed(\d+))?", variant)
+    if not variant or found is None:
+        return f" ({variant[1:]})" if variant else ""
+    parts = ([f"lr {found[1]}"] if found[1] else []) + ([f"seed {found[2]}"] if found[2] else [])
+    return f" ({', '.join(parts)})"
 
 
 def _document_scores(folder: Path) -> dict[str, list[float]] | None:
@@ -214,8 +226,7 @@ def _pooled_seeds(folder: Path, variants: list[str]) -> None:
                 a = [x for _, d in found for x in d[metric]]
                 b = [x for v, _ in found for x in regular[v][metric]]
                 pooled.append(f"{mean(a) - mean(b):+.2f} ({_p_text(paired_test(a, b))})")
-            lr = f" ({base[1:].replace('-', ', ')})" if base else ""
-            lines.append(f"| {name}{lr} | {len(found)} | {by_seed} | {regular_by_seed} | {deltas} | "
+            lines.append(f"| {name}{_variant_label(base)} | {len(found)} | {by_seed} | {regular_by_seed} | {deltas} | "
                          + " | ".join(pooled) + " |")
     if lines:
         print("\nStudents at more than one seed (ROUGE-1 by seed, seed 0 first; Δ against the Regular student of "

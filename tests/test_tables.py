@@ -292,6 +292,18 @@ def test_plate_table_pools_the_seeds_of_a_student_against_regular_of_the_same_se
     assert pooled == ["| gold synopses | 2 | 31.00, 33.00 | 30.00, 32.00 | +1.00, +1.00 | +1.00 (< 0.001*) | "
                       "+1.00 (< 0.001*) | +1.00 (< 0.001*) |"]
     assert not any(line.startswith("| λ ~ U[1, 2] | ") and "| 2 |" in line for line in out.splitlines())
+    # the recipe's second learning rate (LRS="3e-4 5e-5" adds -lr5e-5 names): its own rows, labelled whole
+    evaluation("eval-regular-lr5e-5", [30.0] * 20)
+    evaluation("eval-gold-lr5e-5", [30.5] * 20)
+    evaluation("eval-gold-lr5e-5-seed1", [30.0] * 20)
+    evaluation("eval-regular-lr5e-5-seed1", [30.0] * 20)
+    lines = _tables("plate", str(tmp_path / "runs"), "--long", "--figures", str(tmp_path / "figures")).splitlines()
+    assert any(line.startswith("| gold synopses (lr 5e-5) | 30.50 ") for line in lines)
+    assert any(line.startswith("| gold synopses (lr 5e-5, seed 1) | 30.00 ") for line in lines)
+    assert any(line.startswith("| gold synopses (seed 1) | 33.00 ") for line in lines)
+    assert [line for line in lines if line.startswith("| gold synopses (lr 5e-5) | 2 |")] == [
+        "| gold synopses (lr 5e-5) | 2 | 30.50, 30.00 | 30.00, 30.00 | +0.50, +0.00 | +0.25 (< 0.001*) | "
+        "+0.25 (< 0.001*) | +0.25 (< 0.001*) |"]
     evaluation("eval-gold-seed1", [33.0] * 20, ids=[f"other{i}" for i in range(20)])
     with pytest.raises(SystemExit, match="different documents"):
         _tables("plate", str(tmp_path / "runs"), "--long", "--figures", str(tmp_path / "figures"))
