@@ -177,9 +177,11 @@ def _variant_label(variant: str) -> str:
     hyphen ("5e-5") is kept."""
     import re
 
+    if not variant:
+        return ""
     found = re.fullmatch(r"(?:-lr(.+?))?(?:-seed(\d+))?", variant)
-    if not variant or found is None:
-        return f" ({variant[1:]})" if variant else ""
+    if found is None:
+        return f" ({variant.lstrip('-')})"
     parts = ([f"lr {found[1]}"] if found[1] else []) + ([f"seed {found[2]}"] if found[2] else [])
     return f" ({', '.join(parts)})"
 
