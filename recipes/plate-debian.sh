@@ -25,8 +25,9 @@
 # LONG=1: the same on the long documents only (>= 120 words: 3,441 training and 135 validation documents,
 #   all of them), sources cut at 256 tokens instead of 128, under OUT_DIR/plate-long.
 #   Fig. 1 plots its first training document (PLOT_DOC=ID names another; msmtp-mta otherwise).
-# LRS="3e-4 5e-5": students (and their evaluations) at each learning rate (the first is the budget's own,
-#   the others get -lrX in their names; PLATE tunes its students' in 1e-5..7e-5); SEEDS="0 1": each student
+# LRS="3e-4 5e-5": students (and their evaluations) at each learning rate (a rate other than the SCALE's own,
+#   3e-4 small, 5e-5 paper, gets -lrX in its names, whatever LRS's order: LRS=5e-5 alone at SCALE=small makes
+#   only the -lr5e-5 rows; PLATE tunes its students' in 1e-5..7e-5); SEEDS="0 1": each student
 #   at each seed (-seedS in the name for S != 0), each tested against the Regular student of its own lr and seed.
 # NAMES="gold regular random": only these label sets, students and evaluations of the STAGES run (names: gold,
 #   regular, lambda1.5, lambda2, random, T0.5, sampling, nucleus, cross2, dec2, enc2, teacher), e.g. a second seed
@@ -52,12 +53,13 @@ for name in $names; do
 done
 wanted() { [[ -z $names || " $names " == *" $1 "* ]]; }  # is $1 among NAMES (or NAMES unset)?
 case $scale in
-  small) docs=${DOCS:-4000} valid=${VALID_DOCS:-1000} lrs=${LRS:-3e-4}
+  small) docs=${DOCS:-4000} valid=${VALID_DOCS:-1000} own_lr=3e-4
          budget=(--max-steps "${STUDENT_STEPS:-400}" --warmup-steps 40 --max-tokens 3072 --save-every 100) ;;
-  paper) docs=${DOCS:-all} valid=${VALID_DOCS:-all} lrs=${LRS:-5e-5}
+  paper) docs=${DOCS:-all} valid=${VALID_DOCS:-all} own_lr=5e-5
          budget=(--epochs 6 --warmup-steps 500 --max-tokens 8192 --save-every 2000) ;;
   *) echo "SCALE must be small or paper, not '$scale'" >&2; exit 2 ;;
 esac
+lrs=${LRS:-$own_lr}
 limit=(); [[ $docs == all ]] || limit=(--limit "$docs")
 vlimit=(); [[ $valid == all ]] || vlimit=(--limit "$valid")
 train=$data/train.jsonl.gz validation=$data/validation.jsonl.gz
@@ -83,9 +85,9 @@ mkdir -p "$plate"
 gen=(--num-beams 4 --max-length 32 --no-repeat-ngram-size 3 --max-source-length "$source_length")
 read -r -a lr_list <<< "$lrs"
 read -r -a seed_list <<< "$seeds"
-variant() {  # the name suffix of learning rate $1 and seed $2: none for the first rate and seed 0
+variant() {  # the name suffix of learning rate $1 and seed $2: none for the SCALE's own rate and seed 0
   local suffix=
-  [[ $1 == "${lr_list[0]}" ]] || suffix+=-lr$1
+  [[ $1 == "$own_lr" ]] || suffix+=-lr$1
   [[ $2 == 0 ]] || suffix+=-seed$2
   echo "$suffix"
 }

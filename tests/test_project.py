@@ -218,6 +218,16 @@ def test_the_plate_recipe_runs_only_the_named_rows_and_refuses_an_unknown_name(t
     evals = [p for c, p, _ in started if c == "eval" and "-style" not in p]
     assert evals[0] == "plate/eval-regular-seed1" and sorted(evals[1:]) == [
         "plate/eval-gold-seed1", "plate/eval-random-seed1"]  # no teacher: not named
+    # a rate other than the scale's own (3e-4) keeps its -lr name when LRS holds it alone: only those rows run
+    (tmp_path / "one-rate").mkdir()
+    done, rows = _run_recipe_with_a_stub("plate-debian.sh", data, out, tmp_path / "one-rate", pause=0, LRS="5e-5",
+                                         SEEDS="1", NAMES="regular enc2", STAGES="labels modules students eval")
+    assert done.returncode == 0, done.stderr
+    started = _started(rows, out)
+    assert sorted(p for c, p, _ in started if c == "distill") == [
+        "plate/student-enc2-lr5e-5-seed1", "plate/student-regular-lr5e-5-seed1"]
+    assert [p for c, p, _ in started if c == "eval" and "-style" not in p] == [
+        "plate/eval-regular-lr5e-5-seed1", "plate/eval-enc2-lr5e-5-seed1"]
     (tmp_path / "misspelt").mkdir()
     done, rows = _run_recipe_with_a_stub("plate-debian.sh", data, out, tmp_path / "misspelt", pause=0,
                                          NAMES="regular lambda-2", STAGES="students")
