@@ -157,7 +157,7 @@ def plate(runs: Path, figures: Path, long: bool = False) -> None:
     print("| student trained on | ROUGE-1 | ROUGE-2 | ROUGE-L | Δ R-1 (p) | Δ R-2 (p) | Δ R-L (p) | words | "
           "novel 1-g | copy | leading | attention by fifth |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    # the recipe's LRS and SEEDS variants (-lrX, -seedS) after the first learning rate's seed-0 students
+    # the recipe's LRS and SEEDS variants (-lrX, -seedS) after the seed-0 students at the scale's own rate
     variants = sorted({p.name.split("regular", 1)[1] for p in folder.glob("eval-regular*")} or {""},
                       key=lambda v: (len(v), v))
     for variant in variants:
