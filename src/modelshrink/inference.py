@@ -109,7 +109,7 @@ def _summarize_with_model(options: EvalOptions, docs: list[Any], staging: Path, 
         raise UserError(f"--attention-plot: no document with id '{options.attention_plot}' in {options.data}")
     device = launch.device
     system = Summarizer(options, options.model, "model", device, staging,
-                        nested_rows=getattr(options, "source_lang", None) is not None)
+                        nested_rows=getattr(options, "source_lang", None) is not None, log=log)
     model, tokenizer = system.model, system.tokenizer
 
     def row_of(example: Any, text: str, lam: float) -> dict[str, Any]:

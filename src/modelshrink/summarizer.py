@@ -5,7 +5,8 @@ A `Summarizer` loads the model in the dtype asked for, resolves the generation s
 over the model's generation config), the source length and the λ of every attention kind, and plans batches by
 size or token budget. Inside `temperature()` its `summarize(batch, make_row)` generates a batch (per-document λ
 and sampling seeds included), decodes it, lets the step shape each row, and records the cross attention the
-summaries were written with. The steps keep what differs: the rows they write, what they count and where the
+summaries were written with. `--generator` picks who searches: transformers' generate, or the static search
+(`modelshrink.staticgen`: fixed shapes and CUDA graphs), which `auto` takes on a GPU wherever it applies. The steps keep what differs: the rows they write, what they count and where the
 rows go.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from modelshrink import shards
+from modelshrink.errors import UserError
 from modelshrink.attention_stats import AttentionRecorder
 from modelshrink.generation import decode, generate_ids, plan_batches, resolve_generation, sample_seed
 from modelshrink.languages import source_language, target_language
@@ -28,10 +30,11 @@ RowFn = Callable[[Any, str, float], dict[str, Any]]  # (example, summary text, i
 
 class Summarizer:
     def __init__(self, options: Any, spec: str, role: str, device: Any, staging: Path | None = None,
-                 nested_rows: bool = False) -> None:
+                 nested_rows: bool = False, log: Callable[[str], None] | None = None) -> None:
         """`staging`: where an attention plot goes; it may be set later (`recorder.folder`), once the run's
         folder exists: the model loads first, so a model that does not load leaves nothing written.
-        `nested_rows`: --source-lang/--target-lang also name the sides of nested translation rows (eval)."""
+        `nested_rows`: --source-lang/--target-lang also name the sides of nested translation rows (eval).
+        `log`: where the one line saying why the static search is not used goes."""
         self.options, self.device = options, device
         self.model, self.tokenizer, self.family = load_seq2seq(spec, role, options.trust_remote_code, device,
                                                                allow_pickle=options.allow_pickle)
@@ -51,6 +54,8 @@ class Summarizer:
         self.recorder = AttentionRecorder(options.attention_stats, options.attention_plot, staging, self.tokenizer)
         self.truncated: list[str] = []  # ids of documents longer than --max-tokens
         self._scale = None  # per-document λ, inside temperature()
+        self.static = static_search(self.model, self.settings, self.lambdas, getattr(options, "generator", "auto"),
+                                    f"{role} {spec}", log or (lambda message: None))
 
     def batches(self, stream: Iterator[Any], log: Callable[[str], None]) -> Iterator[Any]:
         return shards.noting_truncation(plan_batches(stream, self.tokenizer, self.options.batch_size,
@@ -79,7 +84,7 @@ class Summarizer:
         padded = self.tokenizer.pad({"input_ids": batch.token_ids}, return_tensors="pt")
         input_ids, mask = padded["input_ids"].to(self.device), padded["attention_mask"].to(self.device)
         seeds = [sample_seed(self.options.seed, e.index) for e in batch.rows] if self.settings.do_sample else None
-        ids = generate_ids(self.model, input_ids, mask, self.settings, seeds)
+        ids = self._generate_ids(input_ids, mask, seeds, row_lambdas)
         rows = [make_row(example, text, lam)
                 for example, text, lam in zip(batch.rows, decode(self.tokenizer, ids), row_lambdas)]
         self.recorder.record(self.model, rows, [e.id for e in batch.rows], row_lambdas, input_ids, mask, ids)
@@ -87,8 +92,38 @@ class Summarizer:
 
     def generate_one(self, example: Any) -> None:
         """One document alone (batch-1 latency), at its own λ."""
-        self._lambdas([example.index])
+        row_lambdas = self._lambdas([example.index])
         enc = self.tokenizer(example.document, truncation=True, max_length=self.max_source_length,
                              return_tensors="pt")
-        generate_ids(self.model, enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device),
-                     self.settings)
+        self._generate_ids(enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device), None, row_lambdas)
+
+    def _generate_ids(self, input_ids: Any, mask: Any, seeds: list[int] | None, row_lambdas: list[float]) -> Any:
+        if self.static is None:
+            return generate_ids(self.model, input_ids, mask, self.settings, seeds)
+        import torch
+
+        try:
+            return self.static.generate_ids(input_ids, mask, row_lambdas)
+        except torch.cuda.OutOfMemoryError:
+            raise UserError(f"the GPU ran out of memory generating {input_ids.shape[0]} documents of "
+                            f"{input_ids.shape[1]} tokens × {self.settings.num_beams} beams: lower "
+                            f"{'--max-tokens' if self.options.max_tokens else '--batch-size'} (or use "
+                            "--generator transformers)") from None
+
+
+def static_search(model: Any, settings: Any, lambdas: dict[str, float | None], generator: str, what: str,
+                  log: Callable[[str], None]) -> Any:
+    """The static search for this model and settings, or None for transformers' generate: `static` asks for it
+    (refused in one line where it cannot run), `auto` takes it on a GPU where it applies (saying why not
+    where it does not), `transformers` never."""
+    from modelshrink.staticgen import StaticSearch, why_not
+
+    if generator == "transformers" or (generator == "auto" and model.device.type != "cuda"):
+        return None
+    reason = why_not(model, settings)
+    if reason is not None:
+        if generator == "static":
+            raise UserError(f"--generator static cannot run {what}: {reason}; use --generator transformers")
+        log(f"note: the static GPU search is not used for {what}: {reason}; transformers' generate runs instead")
+        return None
+    return StaticSearch(model, settings, lambdas)

@@ -8,6 +8,7 @@ from modelshrink.options import Options, opt, options_class
 from modelshrink.precision import PRECISIONS
 
 GEN = "Generation (defaults: the model's generation config)"
+GENERATORS = ("auto", "static", "transformers")
 
 
 @options_class
@@ -28,6 +29,11 @@ class GenerationOptions(Options):
                                        "truncated to N tokens, with a warning naming it.", panel=GEN, min=1)
     dtype: str = opt("fp32", "Run the model in fp32, bf16 or fp16 (fp16 needs a GPU; bf16 runs on a CPU, slowly).",
                      panel=GEN, choices=PRECISIONS)
+    generator: str = opt("auto", "Who runs the search: 'static' (fixed shapes, preallocated caches, one CUDA graph "
+                                 "per shape on a GPU; BART, mBART, Pegasus, Marian, M2M100), 'transformers' (its "
+                                 "generate), or 'auto': static on a GPU where the model and settings allow, saying "
+                                 "in one line why not where they do not; transformers on a CPU.", panel=GEN,
+                         choices=GENERATORS)
 
 
 PLATE = "Attention temperature (PLATE)"

@@ -64,7 +64,7 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     text_column, summary_column, total = _columns_and_count(options, source)
 
     device = launch.device
-    teacher = Summarizer(options, options.teacher, "teacher", device)
+    teacher = Summarizer(options, options.teacher, "teacher", device, log=log)
     lambdas = teacher.lambdas
     mixed_kinds = len(set(lambdas.values())) > 1
     resolved = {"generation": teacher.settings.as_dict(), "max_source_length": teacher.max_source_length,

@@ -1,0 +1,185 @@
+"""The static search (`--generator static`): token for token transformers' generate, on the CPU, for every family
+it takes; refusals and the one-line fallback for what it does not take."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import DOCUMENTS, build, read_rows, translator
+from modelshrink.errors import UserError
+from modelshrink.generation import generate_ids, resolve_generation
+from modelshrink.staticgen import StaticSearch, why_not
+from modelshrink.staticgen.runner import ladder
+from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
+
+FIXED = {"encoder_self": 1.0, "decoder_self": 1.0, "decoder_cross": 1.0}
+SETTINGS = [
+    dict(num_beams=2, max_length=10),
+    dict(num_beams=4, max_length=20, min_length=6),
+    dict(num_beams=3, max_length=16, no_repeat_ngram_size=2, length_penalty=2.0),
+    dict(num_beams=4, max_length=18, no_repeat_ngram_size=3, length_penalty=0.6),
+    dict(num_beams=1, max_length=12),
+    dict(num_beams=1, max_length=14, min_length=5, no_repeat_ngram_size=2),
+]
+
+
+def _pegasus(tmp_path):
+    from transformers import PegasusConfig, PegasusForConditionalGeneration
+
+    from conftest import bart_tokenizer
+
+    tok = bart_tokenizer()
+    torch.manual_seed(0)
+    config = PegasusConfig(vocab_size=len(tok), d_model=32, encoder_layers=2, decoder_layers=2,
+                           encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                           max_position_embeddings=80, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                           decoder_start_token_id=tok.pad_token_id, forced_eos_token_id=None)
+    model = PegasusForConditionalGeneration(config).eval()
+    model.generation_config.num_beams, model.generation_config.max_length = 2, 10
+    return model, tok
+
+
+def _t5_gated():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from conftest import t5_tokenizer
+
+    tok = t5_tokenizer()
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=len(tok), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                      feed_forward_proj="gated-gelu", tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
+                      eos_token_id=tok.eos_token_id, decoder_start_token_id=tok.pad_token_id)
+    return T5ForConditionalGeneration(config).eval(), tok
+
+
+def _model(name, tmp_path):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    if name in ("bart", "t5"):
+        return build(name)
+    if name == "t5-gated":
+        return _t5_gated()
+    if name == "pegasus":
+        return _pegasus(tmp_path)
+    folder = translator(name, tmp_path / name)
+    return AutoModelForSeq2SeqLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+
+
+def _both(model, tok, docs=DOCUMENTS, early_stopping=None, **settings):
+    s = resolve_generation(model.generation_config, **settings)
+    if early_stopping is not None:
+        s.early_stopping = early_stopping
+    enc = tok(docs, return_tensors="pt", padding=True)
+    expected = generate_ids(model, enc["input_ids"], enc["attention_mask"], s)
+    got = StaticSearch(model, s, FIXED).generate_ids(enc["input_ids"], enc["attention_mask"])
+    return expected, got
+
+
+@pytest.mark.parametrize("name", ["bart", "pegasus", "marian", "mbart", "m2m_100", "t5", "t5-gated"])
+def test_token_for_token_transformers_generate(name, tmp_path):
+    """Beam search (with min length, n-gram blocking, length penalties) and greedy search give generate's
+    token ids, padding and length included, for every family of BART-style layers (mBART and M2M100 force
+    their language code first) and T5 (v1.0; v1.1's gated feed-forward and untied head)."""
+    model, tok = _model(name, tmp_path)
+    for settings in SETTINGS:
+        expected, got = _both(model, tok, **settings)
+        assert got.shape == expected.shape, settings
+        assert torch.equal(got, expected), settings
+
+
+@pytest.mark.parametrize("early_stopping", [True, False, "never"])
+def test_early_stopping_modes(early_stopping, tmp_path):
+    model, tok = build("bart", seed=1)
+    expected, got = _both(model, tok, early_stopping=early_stopping, num_beams=4, max_length=24, length_penalty=1.5)
+    assert torch.equal(got, expected)
+
+
+def test_batch_padded_to_its_shape_gives_each_document_its_own_summary():
+    """Five documents run in a shape of six (the sixth is padding, stopped from the start); a document's ids
+    are those it gets alone."""
+    model, tok = build("bart")
+    assert [ladder(n) for n in (1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33)] == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48]
+    s = resolve_generation(model.generation_config, num_beams=3, max_length=14)
+    search = StaticSearch(model, s, FIXED)
+    enc = tok(DOCUMENTS[:5], return_tensors="pt", padding=True)
+    together = search.generate_ids(enc["input_ids"], enc["attention_mask"])
+    assert together.shape[0] == 5 and (6, 32) in search.shapes
+    for i, doc in enumerate(DOCUMENTS[:5]):
+        one = tok(doc, return_tensors="pt")
+        alone = search.generate_ids(one["input_ids"], one["attention_mask"])
+        assert torch.equal(alone[0], together[i, :alone.shape[1]])
+        assert (together[i, alone.shape[1]:] == tok.pad_token_id).all()  # generate pads a shorter one
+
+
+def test_output_temperature_and_bad_words_follow_generate():
+    model, tok = build("bart")
+    model.generation_config.bad_words_ids = [[tok.convert_tokens_to_ids("the")], [tok.convert_tokens_to_ids("a")]]
+    model.generation_config.suppress_tokens = [tok.convert_tokens_to_ids("library")]
+    expected, got = _both(model, tok, num_beams=3, max_length=14, output_temperature=0.5)
+    assert torch.equal(got, expected)
+
+
+def _options(teacher, data, **kw):
+    return PseudolabelOptions(teacher=str(teacher), data=str(data), **{"batch_size": 5, "device": "cpu", **kw})
+
+
+@pytest.mark.parametrize("family,lam", [("bart", dict(lam=2.0)), ("bart", dict(lambda_range=(1.0, 3.0))),
+                                        ("bart", dict(lambda_cross=2.5, lambda_range=(1.0, 2.0))),
+                                        ("t5", dict(lam=2.0)), ("t5", dict(lambda_range=(1.0, 3.0)))])
+def test_pseudolabel_static_writes_what_transformers_writes(family, lam, saved_models, docs_jsonl, tmp_path):
+    """PLATE's λ, folded into the weights or drawn per document (a row scale on the GPU path; T5's relative
+    position bias scaled with its rows), gives the same labels whichever generator runs."""
+    static = read_rows(pseudolabel(_options(saved_models[family], docs_jsonl, generator="static", num_beams=3,
+                                            max_length=12, **lam), tmp_path / "static"))
+    plain = read_rows(pseudolabel(_options(saved_models[family], docs_jsonl, generator="transformers", num_beams=3,
+                                           max_length=12, **lam), tmp_path / "plain"))
+    assert [r["summary"] for r in static] == [r["summary"] for r in plain]
+    assert [r["lambda"] for r in static] == [r["lambda"] for r in plain]
+    assert len({r["summary"] for r in static}) > 1
+
+
+def test_static_refuses_a_family_it_does_not_take_in_one_line(saved_models, docs_jsonl, tmp_path):
+    with pytest.raises(UserError, match="--generator static cannot run teacher .*: encoder-decoder models are not "
+                                        "written for it .*; use --generator transformers"):
+        pseudolabel(_options(saved_models["bert2bert"], docs_jsonl, generator="static"), tmp_path / "pl")
+    assert not (tmp_path / "pl").exists()
+
+
+def test_what_it_does_not_take_is_said():
+    model, _ = build("bart")
+    settings = resolve_generation(model.generation_config)
+    assert why_not(model, settings) is None
+    sampling = resolve_generation(model.generation_config, do_sample=True)
+    assert "sampling" in why_not(model, sampling)
+    model.generation_config.repetition_penalty = 1.2
+    assert "repetition_penalty=1.2" in why_not(model, settings)
+    model.generation_config.repetition_penalty = 1.0
+    model.generation_config.bad_words_ids = [[5, 6]]
+    assert "bad_words_ids" in why_not(model, settings)
+
+
+def test_auto_on_a_cpu_is_transformers_and_says_nothing(saved_models, docs_jsonl, tmp_path):
+    from modelshrink.summarizer import Summarizer
+
+    said = []
+    options = _options(saved_models["bart"], docs_jsonl)
+    assert Summarizer(options, options.teacher, "teacher", "cpu", log=said.append).static is None
+    assert said == []
+
+
+def test_auto_on_a_gpu_says_in_one_line_why_a_model_takes_generate(monkeypatch, saved_models, docs_jsonl):
+    """Where `auto` would take the static search (a GPU) but the model cannot, one line says so."""
+    from modelshrink import summarizer
+
+    model, _ = build("bert2bert")
+    monkeypatch.setattr(type(model), "device", property(lambda self: torch.device("cuda")))
+    said = []
+    s = resolve_generation(model.generation_config)
+    assert summarizer.static_search(model, s, FIXED, "auto", "teacher b2b", said.append) is None
+    assert len(said) == 1 and "static GPU search is not used for teacher b2b: encoder-decoder models" in said[0]
+    sampling = resolve_generation(model.generation_config, do_sample=True)
+    bart, _ = build("bart")
+    monkeypatch.setattr(type(bart), "device", property(lambda self: torch.device("cuda")))
+    assert summarizer.static_search(bart, sampling, FIXED, "auto", "teacher bart", said.append) is None
+    assert "sampling" in said[1]
