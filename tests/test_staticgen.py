@@ -3,6 +3,8 @@ it takes; refusals and the one-line fallback for what it does not take."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -183,3 +185,85 @@ def test_auto_on_a_gpu_says_in_one_line_why_a_model_takes_generate(monkeypatch, 
     monkeypatch.setattr(type(bart), "device", property(lambda self: torch.device("cuda")))
     assert summarizer.static_search(bart, sampling, FIXED, "auto", "teacher bart", said.append) is None
     assert "sampling" in said[1]
+
+
+def _interrupt_after(n_calls):
+    calls = {"n": 0}
+
+    def progress(done, total):
+        calls["n"] += 1
+        if calls["n"] > n_calls:
+            raise KeyboardInterrupt
+
+    return progress
+
+
+def test_resume_with_the_static_search_loses_and_repeats_nothing(saved_models, docs_jsonl, tmp_path):
+    from modelshrink.artifacts import staging_path
+
+    teacher = saved_models["bart"]
+    whole = read_rows(pseudolabel(_options(teacher, docs_jsonl, generator="transformers", lambda_range=(1.0, 2.0),
+                                           batch_size=4), tmp_path / "whole"))
+    out = tmp_path / "resumed"
+    options = _options(teacher, docs_jsonl, generator="static", lambda_range=(1.0, 2.0), batch_size=4)
+    with pytest.raises(KeyboardInterrupt):
+        pseudolabel(options, out, progress=_interrupt_after(1))  # one batch written
+    part = staging_path(out) / "parts" / "part-00000-of-00001.jsonl"
+    assert len(part.read_text().splitlines()) == 4
+    assert read_rows(pseudolabel(options, out, resume=True)) == whole
+
+
+def test_out_of_gpu_memory_is_one_line_naming_the_budget_to_lower(monkeypatch, saved_models, docs_jsonl, tmp_path):
+    def too_big(self, *args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(StaticSearch, "generate_ids", too_big)
+    with pytest.raises(UserError, match=r"the GPU ran out of memory generating \d+ documents of \d+ tokens × 2 beams: "
+                                        r"lower --max-tokens \(or use --generator transformers\)"):
+        pseudolabel(_options(saved_models["bart"], docs_jsonl, generator="static", max_tokens=64), tmp_path / "pl")
+
+
+def test_eval_with_the_static_search_scores_what_generate_writes(saved_models, docs_jsonl, tmp_path):
+    from modelshrink.steps.evaluate import EvalOptions, evaluate
+
+    scores = {}
+    for generator in ("static", "transformers"):
+        folder, metrics = evaluate(EvalOptions(data=str(docs_jsonl), model=str(saved_models["t5"]), device="cpu",
+                                               generator=generator, batch_size=5, latency_docs=2),
+                                   tmp_path / generator)
+        rows = [json.loads(x) for x in (folder / "predictions.jsonl").read_text().splitlines()]
+        scores[generator] = ([r["prediction"] for r in rows], metrics["rouge1"])
+    assert scores["static"] == scores["transformers"]
+
+
+def test_prefetched_keeps_order_raises_the_producers_error_and_stops_when_closed():
+    from modelshrink.shards import prefetched
+
+    assert list(prefetched(iter(range(50)), depth=3)) == list(range(50))
+
+    def broken():
+        yield 1
+        raise ValueError("bad row 2")
+
+    got = prefetched(broken())
+    assert next(got) == 1
+    with pytest.raises(ValueError, match="bad row 2"):
+        next(got)
+    seen = []
+
+    def endless():
+        n = 0
+        while True:
+            seen.append(n)
+            yield n
+            n += 1
+
+    taken = prefetched(endless(), depth=2)
+    assert [next(taken) for _ in range(3)] == [0, 1, 2]
+    taken.close()
+    import time
+
+    time.sleep(0.3)
+    count = len(seen)
+    time.sleep(0.3)
+    assert len(seen) == count <= 3 + 2 + 1  # the producer stopped after filling the queue

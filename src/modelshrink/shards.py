@@ -203,3 +203,46 @@ def noting_truncation(batches: Iterable[Any], max_tokens: int | None, truncated:
             log(f"warning: document {example.id!r} has {length} tokens, more than --max-tokens {max_tokens}: "
                 f"truncated to {max_tokens}")
         yield batch
+
+
+def prefetched(items: Iterable[Any], depth: int = 2) -> Iterator[Any]:
+    """`items` in order, produced by a background thread up to `depth` ahead: while the main thread waits on
+    the GPU, the next batches are read and tokenized (the tokenizer releases the GIL). An exception in the
+    producer is raised here; closing this iterator stops the producer."""
+    import queue
+    import threading
+
+    box: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(entry: tuple[Any, BaseException | None]) -> bool:
+        while not stop.is_set():
+            try:
+                box.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+            put((end, None))
+        except BaseException as error:  # handed to the consumer, which raises it
+            put((end, error))
+
+    thread = threading.Thread(target=produce, name="modelshrink-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = box.get()
+            if item is end:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()

@@ -58,9 +58,11 @@ class Summarizer:
                                     f"{role} {spec}", log or (lambda message: None))
 
     def batches(self, stream: Iterator[Any], log: Callable[[str], None]) -> Iterator[Any]:
-        return shards.noting_truncation(plan_batches(stream, self.tokenizer, self.options.batch_size,
-                                                     self.max_source_length, self.options.max_tokens),
-                                        self.options.max_tokens, self.truncated, log)
+        planned = shards.noting_truncation(plan_batches(stream, self.tokenizer, self.options.batch_size,
+                                                        self.max_source_length, self.options.max_tokens),
+                                           self.options.max_tokens, self.truncated, log)
+        # on a GPU the host reads and tokenizes the next batches while the device searches
+        return shards.prefetched(planned) if self.static is not None and self.static.cuda else planned
 
     @contextmanager
     def temperature(self) -> Iterator[None]:
