@@ -87,3 +87,32 @@ def test_importing_modelshrink_does_not_import_torch():
     code = "import sys, modelshrink; modelshrink.DistillOptions; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
+
+
+@pytest.mark.parametrize("build,message", [
+    (lambda m: m.DistillOptions(data="d.jsonl", student="s", max_steps="ten"), "--max-steps must be a whole number, got 'ten'"),
+    (lambda m: m.ExportOptions(model="m", opset="seventeen"), "--opset must be a whole number, got 'seventeen'"),
+    (lambda m: m.PseudolabelOptions(teacher="t", data="d", lambda_range=[1.0]), "--lambda-range must be a list of 2 numbers"),
+    (lambda m: m.PseudolabelOptions(teacher="t", data="d", lambda_range=[1.0, "2"]),
+     "--lambda-range must be a number for every item"),
+    (lambda m: m.EvalOptions(data="d", num_beams=2.5), "--num-beams must be a whole number, got 2.5"),
+    (lambda m: m.DistillOptions(data="d", student="s", max_steps=True), "--max-steps must be a whole number, got True"),
+    (lambda m: m.QuantizeOptions(model="m", data="d", max_steps=1, kd_hidden="1"), "--kd-hidden must be a number"),
+    (lambda m: m.DistillOptions(data="d", student="s", max_steps=1, decoder_layer_ids="0,1"),
+     "--decoder-layer-ids must be a list"),
+])
+def test_options_built_in_python_refuse_a_wrong_type_in_one_line_before_anything_is_written(build, message, tmp_path,
+                                                                                              monkeypatch):
+    """The options objects check types as the command line does (README: a bad value raises UserError), when they
+    are built: nothing has run, so nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(modelshrink.UserError) as caught:
+        build(modelshrink)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_path_is_taken_where_a_path_is_asked_for():
+    options = modelshrink.DistillOptions(data=Path("pairs.jsonl"), student=Path("student"), max_steps=1)
+    assert options.data == "pairs.jsonl" and options.recorded()["student"] == "student"
+    assert modelshrink.PseudolabelOptions(teacher="t", data="d", lam=2).lam == 2  # an int where a float is asked

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer  # its own copy of Click: parameters are matched by duck typing, not Click's classes
 
 from modelshrink.commands._common import fail, handle_errors
-from modelshrink.options import Options, _unwrap, flag_of, key_of, spec_of
+from modelshrink.options import Options, _unwrap, flag_of, key_of, spec_of, type_problem
 
 # step name -> its Options class, for recipes (`--config`) read by the root command too
 OPTIONS_OF: dict[str, type[Options]] = {}
@@ -137,35 +137,14 @@ def recipe_defaults(command: Any, step: str, section: dict[str, Any], source: st
     return values
 
 
-_TYPE_NAMES = {bool: "true or false", int: "a whole number", float: "a number", str: "a string (in quotes)"}
-
-
 def _check_type(value: Any, hint: Any, where: str) -> None:
     """A recipe value of the option's type, else one line naming the file, the key and what it takes (Click would
-    name only the flag: "Invalid value for '--num-beams'")."""
-    inner = _unwrap(hint)
-    origin = typing.get_origin(inner)
-    if origin in (list, tuple):
-        items = typing.get_args(inner)
-        if isinstance(value, str) and origin is list:  # layer ids as "0,6,11"
-            return
-        if not isinstance(value, list):
-            raise fail(f"{where}: expected a list")
-        for item in value:
-            _check_type(item, items[0] if items else Any, where)
+    name only the flag: "Invalid value for '--num-beams'"). Layer ids may be written "0,6,11"."""
+    if isinstance(value, str) and typing.get_origin(_unwrap(hint)) is list:
         return
-    if inner is bool:
-        ok = isinstance(value, bool)
-    elif inner is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif inner is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif inner in (str, Path):
-        ok = isinstance(value, str)
-    else:
-        return
-    if not ok:
-        raise fail(f"{where}: expected {_TYPE_NAMES.get(inner, 'a string (in quotes)')}")
+    problem = type_problem(value, hint)
+    if problem:
+        raise fail(f"{where}: expected {problem}" + (" (in quotes)" if problem == "a string" else ""))
 
 
 def read_recipe(path: Path) -> dict[str, Any]:

@@ -4,8 +4,9 @@ An option is a dataclass field made by `opt(...)`: its name, type and default ar
 its metadata (`Spec`) holds the help text, help panel, flag, allowed range and choices. Everything
 else reads that one declaration:
 
-- `Options.__post_init__` checks every range and choice (and refuses nan/inf) in one place;
-  a step adds only its cross-field rules in `check()`;
+- `Options.__post_init__` checks every value's type, range and choice (and refuses nan/inf) in one
+  place, however the options were built (command line, recipe, Python); a step adds only its
+  cross-field rules in `check()`;
 - `modelshrink.commands._from_options` builds the Typer command from the fields;
 - `recorded()` is what a manifest stores, keyed as on the command line, and is a valid `--config`
   recipe table for the same step (positional arguments included); `from_recorded` reads it back;
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import shlex
 import typing
 from dataclasses import dataclass, field
@@ -109,6 +111,40 @@ def check_value(f: dataclasses.Field, value: Any) -> None:
         raise UserError(f"{flag} must be {_choices_text(spec.choices)}, got {value}")
 
 
+TYPE_NAMES = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+
+
+def type_problem(value: Any, hint: Any) -> str | None:
+    """What a value of type `hint` must be, where `value` is not one (None: it is). A list or tuple
+    option takes a list or tuple of its items; a float option takes an int too."""
+    if value is None:
+        return None
+    inner = _unwrap(hint)
+    origin = typing.get_origin(inner)
+    if origin in (list, tuple):
+        items = [a for a in typing.get_args(inner) if a is not Ellipsis]
+        if not isinstance(value, (list, tuple)):
+            return f"a list of {len(items)} numbers" if origin is tuple else "a list"
+        if origin is tuple and len(items) > 1 and len(value) != len(items):
+            return f"a list of {len(items)} numbers"
+        problems = [type_problem(v, items[0] if items else Any) for v in value]
+        return next((f"{problem} for every item" for problem in problems if problem), None)
+    if inner is bool:
+        ok = isinstance(value, bool)
+    elif inner is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif inner is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif inner is str:
+        ok = isinstance(value, str)
+    else:
+        return None
+    return None if ok else TYPE_NAMES[inner]
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
 @dataclass(kw_only=True)
 class Options:
     """Base of every step's options. Subclasses declare fields with `opt(...)` and put the rules
@@ -117,9 +153,17 @@ class Options:
     STEP: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
+        hints = _HINTS.get(type(self)) or _HINTS.setdefault(type(self), field_types(type(self)))
         for f in dataclasses.fields(self):
-            if f.name in TUPLE_FIELDS.get(type(self), ()) and isinstance(getattr(self, f.name), list):
-                setattr(self, f.name, tuple(getattr(self, f.name)))
+            value = getattr(self, f.name)
+            if isinstance(value, os.PathLike) and _unwrap(hints[f.name]) is str:
+                value = os.fspath(value)  # a Path where a path is asked for: kept as the string a manifest records
+                setattr(self, f.name, value)
+            problem = type_problem(value, hints[f.name])
+            if problem:
+                raise UserError(f"{flag_of(f)} must be {problem}, got {value!r}")
+            if f.name in TUPLE_FIELDS.get(type(self), ()) and isinstance(value, list):
+                setattr(self, f.name, tuple(value))
             check_value(f, getattr(self, f.name))
         self.check()
 
