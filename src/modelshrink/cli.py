@@ -17,6 +17,14 @@ from modelshrink.commands.quantize import EPILOG as QUANTIZE_EPILOG, quantize_co
 from modelshrink.commands.quickstart import quickstart
 from modelshrink.commands.run import RUN_EPILOG, RUN_SETTINGS, run_command
 
+# Usage errors are one line (`Error: ...`), as every other error of the command line is; Typer calls this hook
+# for every Click usage error, so the CLI and CliRunner alike print the line.
+import typer.rich_utils  # noqa: E402
+
+from modelshrink.commands._common import one_line_usage_error  # noqa: E402
+
+typer.rich_utils.rich_format_error = one_line_usage_error
+
 app = typer.Typer(
     name="modelshrink",
     help="Make transformer models small and fast while keeping their quality.\n\n"

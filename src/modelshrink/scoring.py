@@ -199,8 +199,11 @@ def against(rows: list[dict[str, Any]], task: str, options: EvalOptions) -> dict
                             "task?): compare translations with translations")
         tests = paired_corpus_tests(rows, paired, options.significance, options.significance_resamples, options.seed)
     else:
-        tests = paired_tests(rows, paired, paired_keys(task, rows[0]), options.significance,
-                             options.significance_resamples, options.seed)
+        keys = paired_keys(task, rows[0])
+        if any(key not in (r.get("scores") or {}) for r in paired for key in keys):
+            raise UserError(f"--against {options.against} holds no {', '.join(keys)} scores for these documents (an "
+                            f"evaluation of another task?): compare {task} with {task}")
+        tests = paired_tests(rows, paired, keys, options.significance, options.significance_resamples, options.seed)
     result: dict[str, Any] = {"other": str(other_path), "method": options.significance,
                               "resamples": options.significance_resamples, "seed": options.seed, **tests}
     result["significant_at_0.05"] = {k: p < 0.05 for k, p in result["p"].items()}

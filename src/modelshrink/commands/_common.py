@@ -262,3 +262,14 @@ def print_comparison(result: dict[str, Any]) -> None:
                       "-" if row["bytes_on_disk"] is None else f"{row['bytes_on_disk'] / 1e6:.1f}",
                       "-" if row["latency_ms_p50"] is None else f"{row['latency_ms_p50']:.1f}")
     stderr_console().print(table)
+
+
+def one_line_usage_error(error: Any) -> None:
+    """A usage error (Click's: an unknown option, a value that does not parse, a missing argument or file) as
+    one line on stderr naming the command to ask for help, instead of Typer's usage text and boxed message;
+    the exit code stays Click's 2. A bare command with no arguments still shows its help."""
+    if type(error).__name__ == "NoArgsIsHelpError":
+        return
+    ctx = getattr(error, "ctx", None)
+    where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    typer.echo("Error: " + " ".join(error.format_message().split()) + where, err=True)

@@ -39,11 +39,27 @@ def read_rows(path: str, column: str | None) -> tuple[list[dict[str, Any]], str]
     return rows, column
 
 
+# The numbers the command line takes, each >= 1 (as every modelshrink command takes them)
+POSITIVE = ("limit", "batch_size", "num_beams", "max_length")
+
+
+def number_problem(**values: int | None) -> str | None:
+    """The first of POSITIVE given below 1, as one line naming its option (None: all are fine)."""
+    for name in POSITIVE:
+        value = values.get(name)
+        if value is not None and value < 1:
+            return f"--{name.replace('_', '-')} must be >= 1, got {value}"
+    return None
+
+
 def run_file(folder: str, input_path: str, column: str | None = None, limit: int | None = None,
              batch_size: int = 16, **overrides: Any) -> Iterable[dict[str, Any]]:
     """Rows {id, prediction} for a JSON-lines file, in input order."""
     from .model import load
 
+    problem = number_problem(limit=limit, batch_size=batch_size, **overrides)
+    if problem:
+        raise UserError(problem)
     model = load(folder)
     rows, column = read_rows(input_path, column)
     rows = rows[:limit] if limit else rows
@@ -75,6 +91,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m modelshrink.runti
         parser.print_help()
         return 2
     args = parser.parse_args(argv)
+    problem = number_problem(limit=args.limit, batch_size=args.batch_size, num_beams=args.num_beams,
+                             max_length=args.max_length)
+    if problem:
+        print(f"Error: {problem}", file=sys.stderr)
+        return 2
     try:
         for row in run_file(args.folder, args.input, args.column, args.limit, args.batch_size,
                             num_beams=args.num_beams, max_length=args.max_length):

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from modelshrink.artifacts import CARD_NAME, RUN_FILE, ArtifactWriter, parent_ref, read_manifest
+from modelshrink.artifacts import CARD_NAME, MANIFEST_NAME, RUN_FILE, ArtifactWriter, parent_ref, read_manifest
 from modelshrink.data import language_pairs, open_data
 from modelshrink.errors import UserError
 from modelshrink.inference import generate_summaries, predict_labels
@@ -166,6 +166,8 @@ def _task_and_parents(options: EvalOptions, source: Any) -> tuple[str, list[dict
     _check_task_options(task, options, what)
     if options.against is not None and not Path(options.against).exists():
         raise UserError(f"--against {options.against} does not exist")
+    if options.against is not None:
+        _check_against_task(options.against, task)
     if options.reference_size is not None and not Path(options.reference_size).is_dir():
         raise UserError(f"--reference-size {options.reference_size} is not a model folder")
     parents = [parent_ref(role, spec) for role, spec in (("model", options.model), ("data", options.data),
@@ -173,6 +175,15 @@ def _task_and_parents(options: EvalOptions, source: Any) -> tuple[str, list[dict
                                                          ("against", options.against),
                                                          ("reference_size", options.reference_size)) if spec]
     return task, parents
+
+
+def _check_against_task(other: str, task: str) -> None:
+    """An eval artifact given to --against scores the same task as this run (before anything is generated)."""
+    manifest = read_manifest(Path(other)) if Path(other).is_dir() and (Path(other) / MANIFEST_NAME).is_file() else None
+    other_task = ((manifest or {}).get("metrics") or {}).get("task") if (manifest or {}).get("kind") == "eval" else None
+    if other_task is not None and other_task != task:
+        raise UserError(f"--against {other} is an evaluation of {other_task}, this run's task is {task}: compare "
+                        f"{task} with {task}")
 
 
 def _generate_and_score(options: EvalOptions, task: str, source: Any, staging: Path, launch: Any,
