@@ -463,3 +463,31 @@ def test_every_option_away_from_its_default_is_recorded_and_replayed_or_refused_
     # a combination an option needs is refused rather than ignored, e.g. --eval-every without --validation
     if step in ("distill", "quantize", "contrastive"):
         assert {"eval_every", "early_stopping", "tracking_dir"} <= set(refused) and "report_to" in kept, refused
+
+
+@pytest.mark.parametrize("step", sorted(_BASES))
+def test_every_option_that_goes_with_another_is_refused_alone_in_one_line(step):
+    """Each options class's GOES_WITH table, walked: the option away from its default, the one it goes with at its
+    default, is refused naming both (and the same option with its partner given is not refused for that)."""
+    from modelshrink.commands._from_options import OPTIONS_OF
+    import modelshrink.cli  # noqa: F401  (registers every step's options class)
+
+    cls = OPTIONS_OF[step]
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    table = cls.goes_with()
+    if step in ("distill", "quantize", "contrastive", "export", "pseudolabel"):
+        assert table, f"{step} has options that go with others"
+    for name, needed in table.items():
+        given = {**_BASES[step], name: _other_value(fields[name], hints[name])}
+        if given.get(needed) is not None and needed in _BASES[step]:
+            given.pop(needed)
+        with pytest.raises(UserError) as caught:
+            cls(**given)
+        message = str(caught.value)
+        assert message.startswith(f"{flag_of(fields[name])} goes with {flag_of(fields[needed])}"), message
+        partner = {**given, needed: _other_value(fields[needed], hints[needed])}
+        try:
+            cls(**partner)
+        except UserError as e:  # another rule may refuse the pair; not this one
+            assert not str(e).startswith(f"{flag_of(fields[name])} goes with"), str(e)

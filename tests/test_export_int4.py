@@ -130,8 +130,8 @@ def test_bad_int4_inputs_are_one_line_and_write_nothing(plain_models, tmp_path):
     bart = str(plain_models["bart"])
     _refused([bart, "--int4", "--int8"], tmp_path / "o1", "exclude each other")
     _refused([bart, "--int4", "--int4-block-size", "48"], tmp_path / "o2", "--int4-block-size must be one of")
-    _refused([bart, "--int4-block-size", "64"], tmp_path / "o3", "applies to --int4")
-    _refused([bart, "--no-int4-embeddings"], tmp_path / "o5", "--int4-embeddings applies to --int4")
+    _refused([bart, "--int4-block-size", "64"], tmp_path / "o3", "--int4-block-size goes with --int4")
+    _refused([bart, "--no-int4-embeddings"], tmp_path / "o5", "--int4-embeddings goes with --int4")
     quantized = tmp_path / "q"
     made = runner.invoke(app, ["quantize", bart, "-o", str(quantized), "--method", "direct"])
     assert made.exit_code == 0, made.output

@@ -151,6 +151,34 @@ class Options:
     that involve several options in `check()`."""
 
     STEP: ClassVar[str] = ""
+    # An option that only makes sense with another: {option: the option it goes with}. Given (away from its
+    # default) without that one (at its default), it is refused in one line. Subclasses add entries; a contract
+    # test walks every class's table.
+    GOES_WITH: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def goes_with(cls) -> dict[str, str]:
+        """GOES_WITH of this class and every options class it extends, for the fields it has."""
+        table: dict[str, str] = {}
+        for klass in reversed(cls.__mro__):
+            table.update(getattr(klass, "GOES_WITH", {}) if "GOES_WITH" in vars(klass) else {})
+        names = {f.name for f in dataclasses.fields(cls)}
+        return {k: v for k, v in table.items() if k in names and v in names}
+
+    def _check_goes_with(self) -> None:
+        table = self.goes_with()
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        alone: dict[str, list[str]] = {}  # the option missing -> the given options that go with it, in field order
+        for name in fields:
+            if name in table and self.given({name}) and not self.given({table[name]}):
+                alone.setdefault(table[name], []).append(flag_of(fields[name]))
+        for needed, flags in alone.items():
+            other = flag_of(fields[needed])
+            metavar = spec_of(fields[needed]).metavar or "VALUE"
+            usage = other if isinstance(getattr(self, needed), bool) else f"{other} {metavar}"
+            one = len(flags) == 1
+            raise UserError(f"{', '.join(flags)} {'goes' if one else 'go'} with {other}, which this run does not "
+                            f"have: add {usage} or leave {flags[0] if one else 'them'} out")
 
     def __post_init__(self) -> None:
         hints = _HINTS.get(type(self)) or _HINTS.setdefault(type(self), field_types(type(self)))
@@ -165,6 +193,7 @@ class Options:
             if f.name in TUPLE_FIELDS.get(type(self), ()) and isinstance(value, list):
                 setattr(self, f.name, tuple(value))
             check_value(f, getattr(self, f.name))
+        self._check_goes_with()
         self.check()
 
     def check(self) -> None:

@@ -62,7 +62,7 @@ class ContrastiveOptions(TrainOptions):
     batch_size: int = opt(32, "Sentences per batch and process [8, 16, 32].", panel=OPT, min=1)
     warmup_ratio: float = opt(0.1, "Warmup as a share of all steps.", panel=OPT, min=0, below=1)
     validation: str | None = opt(None, "Labelled validation data (accuracy, F1, MCC; Pearson for regression).",
-                                 panel=VAL)
+                                 panel=VAL, metavar="DATA")
     eval_limit: int | None = opt(None, "Validation rows used. [default: all]", panel=VAL, min=1)
     metric: str = opt("accuracy", "Keep the checkpoint best by this: accuracy, f1, mcc (pearson, spearman for "
                                   "regression).", panel=VAL, choices=METRICS)

@@ -20,6 +20,7 @@ class ExportOptions(Options):
     """Every option of `modelshrink export`."""
 
     STEP: ClassVar[str] = "export"
+    GOES_WITH: ClassVar[dict[str, str]] = {"per_channel": "int8", "int4_block_size": "int4", "int4_embeddings": "int4"}
 
     model: str = opt(REQUIRED, "A model artifact: seq2seq (also from quantize) or a sequence classifier.",
                      argument=True)
@@ -92,8 +93,6 @@ class ExportOptions(Options):
                                     "refused by default, since pickles can run code.")
 
     def check(self) -> None:
-        if self.per_channel and not self.int8:
-            raise UserError("--per-channel applies to --int8")
         if self.int4 and self.int8:
             raise UserError("--int4 and --int8 exclude each other: pick one weight format")
         if self.activation_rounding != "auto" and (self.int8 or self.int4):
@@ -102,10 +101,6 @@ class ExportOptions(Options):
         if self.kernel in ("int8", "s8") and self.int4:
             raise UserError(f"--kernel {self.kernel} needs one scale per output column (a quantize artifact's or "
                             "--int8's weights); --int4's blocks each have their own: use --kernel nbits or float")
-        if self.int4_block_size is not None and not self.int4:
-            raise UserError("--int4-block-size applies to --int4")
-        if self.int4_embeddings is not None and not self.int4:
-            raise UserError("--int4-embeddings applies to --int4")
         if self.int4 and self.int4_block_size is None:
             self.int4_block_size = 32
         if self.int4 and self.int4_embeddings is None:

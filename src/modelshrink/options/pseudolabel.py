@@ -17,6 +17,7 @@ class PseudolabelOptions(TemperatureOptions):
     """Every option of `modelshrink pseudolabel`."""
 
     STEP: ClassVar[str] = "pseudolabel"
+    GOES_WITH: ClassVar[dict[str, str]] = {"top_p": "do_sample", "top_k": "do_sample"}
 
     teacher: str = opt(REQUIRED, "Teacher: a save_pretrained folder, a modelshrink model artifact, or a hub name "
                                  "present in the local cache.", argument=True)
@@ -48,8 +49,6 @@ class PseudolabelOptions(TemperatureOptions):
 
     def check(self) -> None:
         self.check_temperature()
-        if (self.top_p is not None or self.top_k is not None) and not self.do_sample:
-            raise UserError("--top-p / --top-k apply to sampling; add --do-sample")
         if self.do_sample and self.num_beams not in (None, 1):
             raise UserError("--do-sample draws one sequence per document; leave --num-beams at 1")
         if self.min_length is not None and self.max_length is not None and self.min_length > self.max_length:

@@ -48,7 +48,7 @@ class QuantizeOptions(TrainOptions):
     batch_size: int = opt(16, "Examples per batch and process.", panel=OPT, min=1)
     validation: str | None = opt(None, "Validation data (ROUGE, BLEU, chrF for seq2seq; accuracy/F1/MCC for "
                                        "classifiers).",
-                                 panel=VAL)
+                                 panel=VAL, metavar="DATA")
     eval_limit: int | None = opt(200, "Validation rows used.", panel=VAL, min=1)
     metric: str | None = opt(None, "Keep the checkpoint best by this. [default: rouge2 for seq2seq, accuracy for "
                                    "classifiers, pearson for regression]", panel=VAL, choices=METRICS + (None,))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import ClassVar
 
 from modelshrink.errors import UserError
+
 from modelshrink.options import Options, opt, options_class
 from modelshrink.precision import PRECISIONS
 
@@ -16,13 +18,16 @@ SPEED = "Precision and memory"
 TRACK = "Experiment tracking"
 
 
-# what only a run with --validation reads (a step's options may add --eval-limit)
-VALIDATION_ONLY = frozenset({"eval_every", "metric", "early_stopping", "eval_limit"})
+# what only a run with --validation reads (a step's options may add --eval-limit and --validation-split)
+VALIDATION_ONLY = frozenset({"eval_every", "metric", "early_stopping", "eval_limit", "validation_split"})
 
 
 @options_class
 class TrainOptions(Options):
     """Training options shared by every step that trains (the steps' options extend these)."""
+
+    GOES_WITH: ClassVar[dict[str, str]] = {"tracking_dir": "report_to",
+                                           **{name: "validation" for name in VALIDATION_ONLY}}
 
     lr: float = opt(5e-5, "Peak learning rate (AdamW).", panel=OPT, above=0)
     beta1: float = opt(0.9, "AdamW β1.", panel=OPT, min=0, below=1)
@@ -64,15 +69,6 @@ class TrainOptions(Options):
         if self.max_steps is None and self.epochs is None:
             raise UserError("give a budget: --max-steps N or --epochs N")
         check_installed(parse_report_to(self.report_to))
-        if self.tracking_dir is not None and not self.trackers:
-            raise UserError("--tracking-dir goes with --report-to, which this run does not have: add --report-to "
-                            "tensorboard (or wandb, mlflow) or leave it out")
-        if hasattr(self, "validation") and getattr(self, "validation") is None:
-            ignored = self.given(VALIDATION_ONLY)
-            if ignored:
-                raise UserError(f"{', '.join(ignored)} {'goes' if len(ignored) == 1 else 'go'} with --validation, "
-                                "which this run does not have: add --validation DATA or leave "
-                                f"{'it' if len(ignored) == 1 else 'them'} out")
 
     @property
     def trackers(self) -> tuple[str, ...]:
