@@ -17,6 +17,7 @@ A teacher runs frozen in the half precision itself (`place_teacher`), and losses
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import time
@@ -166,11 +167,9 @@ class _Log:
             if self.trackers is not None:
                 self.trackers.log(entry)
 
-    def step(self, state: TrainState, tokens: int, parts: dict[str, float], lr: float, batches: int,
-             every: int, total: int, progress: Callable[[dict[str, Any]], None] | None) -> None:
-        self.window_tokens += tokens
-        if state.step % every != 0 and state.step != total:
-            return
+    def line(self, state: TrainState, parts: dict[str, float], lr: float, batches: int, total: int,
+             progress: Callable[[dict[str, Any]], None] | None) -> None:
+        """The line of a log step: `parts` are this step's, `window_tokens` those of the steps since the last line."""
         now = time.perf_counter()
         rate = self.window_tokens / max(now - self.window_start, 1e-9)
         entry = {"step": state.step, "epoch": round(state.epoch + state.batch_in_epoch / batches, 4),
@@ -236,26 +235,94 @@ def _my_batches(lengths: list[int], options: TrainOptions, epoch: int, accelerat
     return batches[accelerator.process_index:usable:world]
 
 
+class _Pending:
+    """What the steps since the last read left on the device, read back only where something needs it: a log
+    line, a checkpoint, validation, the end (`read`). A read per micro-batch (`bool(torch.isfinite(loss))`,
+    `float(part)`) waits for every kernel queued before it and leaves the GPU idle while the host catches up,
+    and under several processes an all-reduce per step stalls all of them.
+
+    The trade-off: a NaN/inf loss no longer stops the run before its optimizer step. The optimizer may take up
+    to log_every - 1 more steps on NaN weights before the stop (with --save-every or --eval-every, fewer).
+    Nothing written is affected: every read comes before the log line, the validation (and its best weights)
+    and the checkpoint of its step, so none made after the first bad loss is written, and the stop names that
+    step, as before."""
+
+    def __init__(self, device: Any):
+        self.bad_step = torch.zeros((), dtype=torch.long, device=device)  # the first step with a NaN/inf loss; 0: none
+        self.tokens = 0  # this process's since the last read: host ints from the collated batches
+        self.parts: dict[str, list[torch.Tensor]] = {}  # the latest step's loss parts, one per micro-batch
+        self.micro_batches = 1
+
+    def saw(self, loss: torch.Tensor, step: int) -> None:
+        self.bad_step.masked_fill_((self.bad_step == 0) & ~torch.isfinite(loss.detach()), step)
+
+    def read(self, accelerator: Any) -> tuple[int, int]:
+        """(all processes' tokens since the last read, the first bad step on any process or 0): one
+        all-gather under several processes, one device-to-host copy."""
+        if accelerator.num_processes == 1:
+            tokens, bad = self.tokens, int(self.bad_step)
+        else:
+            mine = torch.stack([self.bad_step.new_tensor(self.tokens), self.bad_step]).reshape(1, 2)
+            rows = accelerator.gather(mine).tolist()
+            tokens, bad = sum(row[0] for row in rows), min((row[1] for row in rows if row[1]), default=0)
+        self.tokens = 0
+        return tokens, bad
+
+    def mean_parts(self) -> dict[str, float]:
+        """The latest step's loss parts, each the mean over its micro-batches, summed on the host in the order
+        and precision of reading them one by one (the logged numbers do not depend on when they are read)."""
+        values = [v for vs in self.parts.values() for v in vs]
+        if not values:
+            return {}
+        dtype = functools.reduce(torch.promote_types, (v.dtype for v in values))
+        numbers = iter(torch.stack([v.reshape(()).to(dtype) for v in values]).tolist())
+        means = {}
+        for name, vs in self.parts.items():
+            means[name] = 0.0
+            for _ in vs:
+                means[name] += next(numbers) / self.micro_batches
+        return means
+
+
+def _to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
+    """The collated batch on the device. On CUDA its CPU tensors go through pinned memory without blocking the
+    host, which goes on to queue the forward pass while they copy."""
+    if device.type != "cuda":
+        return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    return {k: (v.pin_memory() if v.device.type == "cpu" else v).to(device, non_blocking=True)
+            if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
 def _accumulate(ddp: Any, micro_batches: list[dict[str, Any]], loss_fn: LossFn, accelerator: Any,
-                state: TrainState, workdir: Path) -> tuple[dict[str, float], int]:
-    """Forward and backward over one optimizer step's micro-batches (gradients averaged over them);
-    returns the mean loss parts and this process's tokens. Stops every process on a NaN/inf loss."""
-    parts_sum: dict[str, float] = {}
-    tokens = 0
+                pending: _Pending, step: int) -> None:
+    """Forward and backward over step `step`'s micro-batches (gradients averaged over them); their loss
+    parts, tokens and any NaN/inf loss go to `pending`, on the device, unread."""
     n = len(micro_batches)
+    pending.parts, pending.micro_batches = {}, n
     for micro, batch in enumerate(micro_batches):
-        batch = {k: v.to(accelerator.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+        pending.tokens += int(batch["tokens"])  # counted on the host by the collate function
+        batch = _to_device(batch, accelerator.device)
         sync = micro == n - 1  # DDP averages gradients across processes on the last micro-batch only
         context = accelerator.no_sync(ddp) if not sync and accelerator.num_processes > 1 else contextlib.nullcontext()
         with context:
             loss, parts = loss_fn(ddp, batch)  # float32 (the losses cast), whatever the autocast dtype
-            if _broadcast_any(accelerator, not bool(torch.isfinite(loss))):
-                raise TrainingDiverged(_diverged_message(state, workdir))
+            pending.saw(loss, step)
             accelerator.backward(loss / n)
         for name, value in parts.items():
-            parts_sum[name] = parts_sum.get(name, 0.0) + float(value) / n
-        tokens += int(batch["tokens"])
-    return parts_sum, tokens
+            pending.parts.setdefault(name, []).append(torch.as_tensor(value, device=accelerator.device).detach())
+
+
+def _settle(pending: _Pending, accelerator: Any, state: TrainState, train_log: _Log, workdir: Path) -> dict[str, float]:
+    """Read what `pending` holds into `state` and the log window, or stop every process if a loss was NaN/inf;
+    returns the latest step's mean loss parts."""
+    tokens, bad = pending.read(accelerator)
+    if bad:
+        raise TrainingDiverged(_diverged_message(bad, workdir))
+    state.tokens += tokens
+    train_log.window_tokens += tokens
+    parts = pending.mean_parts()
+    state.last_loss = parts.get("loss")
+    return parts
 
 
 # ---------------------------------------------------------------- the loop
@@ -344,12 +411,13 @@ def _loop(ddp: Any, stepper: Any, optimizer: Any, scheduler: Any, state: TrainSt
     # written) stops it again; a larger --early-stopping on resume lets it go on.
     patience = options.early_stopping
     stopped_early = patience is not None and state.evals_without_gain >= patience
+    pending = _Pending(accelerator.device)
     while state.step < total and not stopped_early:
         mine = _my_batches(lengths, options, state.epoch, accelerator)
         for position in range(state.batch_in_epoch, len(mine), options.grad_accum):
             group = mine[position:position + options.grad_accum]
-            parts, tokens = _accumulate(ddp, [collate([examples[i] for i in indices]) for indices in group],
-                                        loss_fn, accelerator, state, workdir)
+            _accumulate(ddp, [collate([examples[i] for i in indices]) for indices in group], loss_fn, accelerator,
+                        pending, state.step + 1)
             if options.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(ddp.parameters(), options.max_grad_norm)
             stepper.step()
@@ -357,22 +425,26 @@ def _loop(ddp: Any, stepper: Any, optimizer: Any, scheduler: Any, state: TrainSt
             stepper.zero_grad(set_to_none=True)
             state.step += 1
             state.batch_in_epoch = position + len(group)
-            tokens = _sum(accelerator, tokens)  # all processes' tokens
-            state.tokens += tokens
-            state.last_loss = parts.get("loss")
-            train_log.step(state, tokens, parts, scheduler.get_last_lr()[0], len(mine), options.log_every, total,
-                           progress)
+            # The same on every process: each read below is a collective under several.
+            logging = state.step % options.log_every == 0 or state.step >= total
+            evaluating = bool(validation and options.eval_every and state.step % options.eval_every == 0)
+            saving = bool(options.save_every and state.step % options.save_every == 0)
+            if logging or evaluating or saving:
+                parts = _settle(pending, accelerator, state, train_log, workdir)
+            if logging:
+                train_log.line(state, parts, scheduler.get_last_lr()[0], len(mine), total, progress)
             state.seconds = time.perf_counter() - started
-            if validation and options.eval_every and state.step % options.eval_every == 0:
+            if evaluating:
                 stopped_early = validation(ddp, state)
-            if options.save_every and state.step % options.save_every == 0 and main:
-                state.tokens_since_log = train_log.window_tokens
-                save_checkpoint(workdir / "checkpoints" / f"step-{state.step}", accelerator.unwrap_model(ddp),
-                                optimizer, scheduler, state, accelerator.scaler)
-                prune_checkpoints(workdir, options.save_total_limit)  # only now that the new one is whole
-                if validation:
-                    validation.checkpointed(state)
-            accelerator.wait_for_everyone()
+            if saving:
+                if main:
+                    state.tokens_since_log = train_log.window_tokens
+                    save_checkpoint(workdir / "checkpoints" / f"step-{state.step}", accelerator.unwrap_model(ddp),
+                                    optimizer, scheduler, state, accelerator.scaler)
+                    prune_checkpoints(workdir, options.save_total_limit)  # only now that the new one is whole
+                    if validation:
+                        validation.checkpointed(state)
+                accelerator.wait_for_everyone()  # for the checkpoint; a barrier every step would stall every step
             if state.step >= total or stopped_early:
                 break
         else:
@@ -383,11 +455,11 @@ def _loop(ddp: Any, stepper: Any, optimizer: Any, scheduler: Any, state: TrainSt
     state.seconds = time.perf_counter() - started
 
 
-def _diverged_message(state: TrainState, workdir: Path) -> str:
+def _diverged_message(step: int, workdir: Path) -> str:
     checkpoint = latest_checkpoint(workdir)
     kept = (f"the last good checkpoint is {checkpoint} (continue from it with --resume)" if checkpoint
             else "no checkpoint was saved yet (set --save-every)")
-    return (f"the loss became NaN or inf at step {state.step + 1}; training stopped and {kept}; a lower --lr or "
+    return (f"the loss became NaN or inf at step {step}; training stopped and {kept}; a lower --lr or "
             "--max-grad-norm usually helps (start over with --overwrite)")
 
 
@@ -400,18 +472,3 @@ def _broadcast(accelerator: Any, value: bool) -> bool:
     box = [value]
     broadcast_object_list(box, from_process=0)
     return bool(box[0])
-
-
-def _sum(accelerator: Any, value: int) -> int:
-    if accelerator.num_processes == 1:
-        return value
-    total = torch.tensor([float(value)], device=accelerator.device)
-    return int(accelerator.reduce(total, reduction="sum").item())
-
-
-def _broadcast_any(accelerator: Any, value: bool) -> bool:
-    """True on every process when it is true on any (a NaN on one process stops all of them)."""
-    if accelerator.num_processes == 1:
-        return value
-    flag = torch.tensor([1.0 if value else 0.0], device=accelerator.device)
-    return bool(accelerator.reduce(flag, reduction="sum").item() > 0)
