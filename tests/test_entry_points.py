@@ -76,3 +76,38 @@ def test_a_recipe_value_that_does_not_parse_is_one_line_naming_file_and_key(tmp_
     (tmp_path / "r.toml").write_text("[pseudolabel]\nlambda_range = [1.0]\n")
     result = runner.invoke(app, ["pseudolabel", "t", "d", "-o", "x", "--config", "r.toml"])
     _one_line(result, 1, "config r.toml: [pseudolabel] lambda_range = [1.0]: expected a list of 2 numbers")
+
+
+def _broken_copy(saved_models, tmp_path, how: str):
+    import json
+    import shutil
+
+    folder = tmp_path / f"teacher-{how}"
+    shutil.copytree(saved_models["bart"], folder)
+    if how in ("deleted", "rebuilt"):
+        (folder / "tokenizer.json").unlink()
+    if how == "rebuilt":  # the tokenizer class of a BART checkpoint: rebuilt from its config, it has 5 tokens
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "BartTokenizer"}))
+    if how == "other":  # another model's tokenizer: T5's, whose pad and eos ids differ
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(saved_models["t5"] / name, folder / name)
+    return folder
+
+
+@pytest.mark.parametrize("how,fragment", [("deleted", "tokenizer"), ("rebuilt", "only its special ones"),
+                                          ("other", "pad_token_id is 0, the model's 1")])
+@pytest.mark.parametrize("step", ["pseudolabel", "export"])
+def test_a_model_whose_tokenizer_does_not_fit_is_refused_in_one_line(how, fragment, step, saved_models, docs_jsonl,
+                                                                    tmp_path):
+    teacher = _broken_copy(saved_models, tmp_path, how)
+    args = [str(teacher), str(docs_jsonl)] if step == "pseudolabel" else [str(teacher), "--no-validate"]
+    result = runner.invoke(app, [step, *args, "-o", str(tmp_path / "out")])
+    _one_line(result, 1, str(teacher), fragment)
+    assert not (tmp_path / "out").exists()
+
+
+def test_quickstart_refuses_a_length_beyond_the_teachers_positions_before_making_its_folder(tmp_path):
+    result = runner.invoke(app, ["quickstart", "--max-source-length", "100000", "-o", str(tmp_path / "out")])
+    _one_line(result, 1, "--max-source-length 100000 is more than the packaged MiniLM's 512 positions")
+    assert not (tmp_path / "out").exists()

@@ -117,14 +117,43 @@ def load_config(spec: str, what: str = "model", trust_remote_code: bool = False)
     return from_pretrained(AutoConfig.from_pretrained, spec, what, trust_remote_code=trust_remote_code)
 
 
-def load_tokenizer(spec: str, what: str = "model", trust_remote_code: bool = False) -> Any:
+def load_tokenizer(spec: str, what: str = "model", trust_remote_code: bool = False, config: Any = None) -> Any:
+    """The model's tokenizer; with the model's `config`, one that does not fit the model is refused."""
     from transformers import AutoTokenizer
 
     try:
-        return from_pretrained(AutoTokenizer.from_pretrained, spec, f"tokenizer of {what}",
-                               trust_remote_code=trust_remote_code)
+        tokenizer = from_pretrained(AutoTokenizer.from_pretrained, spec, f"tokenizer of {what}",
+                                    trust_remote_code=trust_remote_code)
     except (TypeError, KeyError) as e:
         raise UserError(f"{what} {spec} has no usable tokenizer: {_first_line(e)}") from None
+    why = tokenizer_misfit(tokenizer, config) if config is not None else None
+    if why:
+        folder = Path(cached_folder(spec) or spec)
+        files = sorted(p.name for p in folder.glob("*") if p.name.startswith(("tokenizer", "vocab", "merges",
+                                                                              "special_tokens", "spiece", "source",
+                                                                              "target", "sentencepiece")))
+        raise UserError(f"{what} {spec}: its tokenizer does not fit the model ({why}); its tokenizer files "
+                        f"({', '.join(files) or 'none'}) are incomplete or belong to another model")
+    return tokenizer
+
+
+def tokenizer_misfit(tokenizer: Any, config: Any) -> str | None:
+    """Why a tokenizer cannot be the model's (None: it can): ids beyond the model's vocabulary, no ordinary
+    token at all (a tokenizer rebuilt from its config alone holds only its special tokens), or special
+    tokens at other ids than the model's config names."""
+    inner = getattr(config, "decoder", None) if getattr(config, "model_type", None) == ENCODER_DECODER_TYPE else None
+    vocab = getattr(inner or config, "vocab_size", None)
+    size = len(tokenizer)
+    if vocab and size > vocab:
+        return f"{size} tokens, the model's vocabulary {vocab}"
+    special = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    if size <= len(special) + 1:
+        return f"it holds {size} tokens, only its special ones"
+    for name in ("pad_token_id", "eos_token_id"):
+        mine, model = getattr(tokenizer, name, None), getattr(config, name, None)
+        if isinstance(model, int) and mine is not None and mine != model:
+            return f"its {name} is {mine}, the model's {model}"
+    return None
 
 
 def describe(config: Any) -> str:
@@ -147,10 +176,10 @@ def load_seq2seq(spec: str, what: str = "teacher", trust_remote_code: bool = Fal
         from modelshrink.quant.model import load_quantized
 
         model = load_quantized(cached_folder(spec) or spec)
-        return model.to(device).eval(), load_tokenizer(spec, what, trust_remote_code), family
+        return model.to(device).eval(), load_tokenizer(spec, what, trust_remote_code, config), family
     loader = EncoderDecoderModel if config.model_type == ENCODER_DECODER_TYPE else AutoModelForSeq2SeqLM
     model = from_pretrained(loader.from_pretrained, spec, what, trust_remote_code=trust_remote_code, **weights)
-    tokenizer = load_tokenizer(spec, what, trust_remote_code)
+    tokenizer = load_tokenizer(spec, what, trust_remote_code, config)
     model.to(device).eval()
     return model, tokenizer, family
 
@@ -203,7 +232,7 @@ def load_classifier(spec: str, what: str = "model", trust_remote_code: bool = Fa
                                 trust_remote_code=trust_remote_code, **weights, **head)
         if head:
             model.config.architectures = [type(model).__name__]  # saved as a classifier from now on
-    tokenizer = load_tokenizer(spec, what, trust_remote_code)
+    tokenizer = load_tokenizer(spec, what, trust_remote_code, config)
     model.to(device).eval()
     return model, tokenizer
 

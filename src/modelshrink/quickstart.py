@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from modelshrink.artifacts import ArtifactWriter, check_output, parent_ref
 from modelshrink.cards import commit_model
+from modelshrink.errors import UserError
 from modelshrink.models import save_model
 from modelshrink.options.quickstart import QuickstartOptions
 from modelshrink.warmstart import WARMSTART_GENERATION, init_encoder_decoder, packaged_minilm
@@ -53,6 +54,16 @@ QUANTIZE_BITS = ("8-8-8", "2-2-8")  # the λ = 2 student, quantized both ways
 LAMBDAS = (1.0, 2.0)  # the pseudo-label sets: regular and PLATE's λ = 2
 
 
+def _check_lengths(budget: QuickstartOptions) -> None:
+    """The source and summary lengths fit the packaged MiniLM's positions (the teacher's, and so every model's)."""
+    positions = json.loads((Path(packaged_minilm()) / "config.json").read_text())["max_position_embeddings"]
+    for flag, value in (("--max-source-length", budget.max_source_length),
+                        ("--max-target-length", budget.max_target_length)):
+        if value > positions:
+            raise UserError(f"{flag} {value} is more than the packaged MiniLM's {positions} positions; give at most "
+                            "that")
+
+
 def run_quickstart(budget: QuickstartOptions | None, output: str | Path, *, overwrite: bool = False,
                    progress: Callable[[str], Any] | None = None, train_progress: Callable[[str], Any] | None = None,
                    log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
@@ -66,6 +77,7 @@ def run_quickstart(budget: QuickstartOptions | None, output: str | Path, *, over
 
     budget = budget or QuickstartOptions()
     output = check_output(output, overwrite)
+    _check_lengths(budget)  # before the output folder is made: nothing is left behind by a refused run
     if output.exists():
         shutil.rmtree(output)
     output.mkdir()
