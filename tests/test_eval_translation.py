@@ -10,7 +10,7 @@ import pytest
 import sacrebleu
 import torch
 
-from conftest import DOCUMENTS, SUMMARIES, bart_tokenizer, write_jsonl
+from conftest import DOCUMENTS, SUMMARIES, bart_tokenizer, translator, write_jsonl
 from modelshrink.artifacts import read_manifest
 from modelshrink.errors import UserError
 from modelshrink.steps.evaluate import EvalOptions, evaluate
@@ -264,3 +264,46 @@ def test_the_source_language_marks_the_sources_and_is_recorded(tmp_path):
     with pytest.raises(UserError, match="--source-lang en: teacher .*marian has no language codes"):
         labels(translator("marian", tmp_path / "marian"), tmp_path / "c", source_lang="en")
     assert not any((tmp_path / x).exists() for x in "abc")
+
+
+def _export(model, out):
+    from typer.testing import CliRunner
+
+    from modelshrink.cli import app
+
+    result = CliRunner().invoke(app, ["export", str(model), "-o", str(out), "--no-validate"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_an_export_folder_takes_the_languages_its_pytorch_model_takes(tmp_path):
+    """eval on an export folder follows the PyTorch model's language rule (issue 57): --target-lang forces the code
+    the same way, an unknown code or one on a single-language export is refused, a many-to-many export without
+    --target-lang is refused instead of writing empty outputs; a model's all-empty outputs are refused too."""
+    data = write_jsonl(tmp_path / "ende.jsonl", [{"id": f"s{i}", "source": s, "target": t}
+                                                 for i, (s, t) in enumerate(zip(SOURCES[:4], TARGETS[:4]))])
+    free = _many_to_many(tmp_path / "m2m")
+    exported = _export(free, tmp_path / "m2m-onnx")
+    common = dict(data=str(data), latency_docs=0, resamples=100, device="cpu")
+    _, torch_de = evaluate(EvalOptions(model=str(free), target_lang="de", **common), tmp_path / "pt-de")
+    path, onnx_de = evaluate(EvalOptions(model=str(exported), target_lang="de", **common), tmp_path / "onnx-de")
+    assert onnx_de["bleu"] == pytest.approx(torch_de["bleu"])
+    with pytest.raises(UserError, match=r"export .*m2m-onnx translates into 3 languages and its generation config "
+                                        r"names none: pass --target-lang"):
+        evaluate(EvalOptions(model=str(exported), **common), tmp_path / "a")
+    with pytest.raises(UserError, match=r"--target-lang xx is not a language of export .*m2m-onnx's tokenizer"):
+        evaluate(EvalOptions(model=str(exported), target_lang="xx", **common), tmp_path / "b")
+    marian = _export(translator("marian", tmp_path / "marian"), tmp_path / "marian-onnx")
+    with pytest.raises(UserError, match=r"--target-lang de: export .*marian-onnx has no language codes"):
+        evaluate(EvalOptions(model=str(marian), target_lang="de", **common), tmp_path / "c")
+    assert not any((tmp_path / x).exists() for x in "abc")
+
+
+def test_all_empty_outputs_are_refused_unless_asked_for(tmp_path):
+    rows = [{"id": f"s{i}", "prediction": "", "reference": t} for i, t in enumerate(TARGETS[:4])]
+    data = write_jsonl(tmp_path / "empty.jsonl", rows)
+    with pytest.raises(UserError, match=r"every one of the 4 outputs of predictions file .*empty.jsonl is empty.*"
+                                        r"--allow-empty"):
+        evaluate(EvalOptions(data=str(data), resamples=100), tmp_path / "a")
+    _, metrics = evaluate(EvalOptions(data=str(data), resamples=100, allow_empty=True), tmp_path / "b")
+    assert metrics["rouge1"] == 0.0

@@ -146,6 +146,26 @@ def _summarize_with_model(options: EvalOptions, docs: list[Any], staging: Path, 
     return rows, efficiency, extra, tokenizer
 
 
+def _export_languages(options: EvalOptions, runtime: Any, tokenizer: Any) -> int | None:
+    """The token an export folder is made to start with for --target-lang (None: its own), by the rule a PyTorch
+    model follows (`languages.target_code`); --source-lang must be the code its tokenizer was exported marking
+    sources with (an export folder's tokenizer file fixes it)."""
+    from modelshrink.languages import chosen_code, language_codes, target_code
+
+    what, nested = f"export {options.model}", options.source_lang is not None
+    codes = language_codes(tokenizer)
+    _, forced = target_code(codes, runtime.search.forced_bos_token_id, runtime.search.decoder_start_token_id,
+                            options.target_lang, what, nested)
+    if options.source_lang is not None:
+        code = chosen_code(codes, "--source-lang", options.source_lang, what, "reads one language", nested)
+        marked = getattr(tokenizer, "src_lang", None)
+        if code is not None and code != marked:
+            raise UserError(f"--source-lang {options.source_lang}: {what} marks its sources as {marked}, as it was "
+                            "exported (its tokenizer file fixes it); export the model again from a tokenizer saved "
+                            f"with src_lang {code}, or leave --source-lang out")
+    return forced
+
+
 def _summarize_with_export(options: EvalOptions, docs: list[Any], staging: Path, launch: Any,
                            progress: ProgressFn | None, log: LogFn
                            ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any], Any]:
@@ -161,9 +181,11 @@ def _summarize_with_export(options: EvalOptions, docs: list[Any], staging: Path,
         if getattr(options, name) != EvalOptions.__dataclass_fields__[name].default:
             raise UserError(f"--{name.replace('_', '-')} applies to a PyTorch model; an export folder runs as exported")
     runtime = load(options.model)
+    tokenizer = load_tokenizer(options.model, "export")
     overrides = dict(num_beams=options.num_beams, length_penalty=options.length_penalty,
                      min_length=options.min_length, max_length=options.max_length,
-                     no_repeat_ngram_size=options.no_repeat_ngram_size)
+                     no_repeat_ngram_size=options.no_repeat_ngram_size,
+                     forced_bos_token_id=_export_languages(options, runtime, tokenizer))
     settings = runtime.settings(**overrides)
     max_source_length = options.max_source_length or runtime.max_source_length
 
@@ -173,7 +195,6 @@ def _summarize_with_export(options: EvalOptions, docs: list[Any], staging: Path,
                 for d, t in zip(batch.rows, texts)]
 
     rows, timing = _sharded(_in_order(docs, options.batch_size), staging, launch, run, len(docs), progress)
-    tokenizer = load_tokenizer(options.model, "export")
     if rows is None:
         return None, {}, {}, tokenizer
     efficiency = _export_efficiency(options, runtime, timing, launch)

@@ -42,7 +42,7 @@ def _examples(codes: dict[str, int]) -> str:
     return ", ".join(shown) + (f" ... ({len(codes)} in all)" if len(codes) > len(shown) else "")
 
 
-def _chosen(codes: dict[str, int], flag: str, wanted: str, what: str, one: str, names_rows: bool) -> str | None:
+def chosen_code(codes: dict[str, int], flag: str, wanted: str, what: str, one: str, names_rows: bool) -> str | None:
     """The code `wanted` names (FLAG's value); None where the model has no codes and the value names rows."""
     if not codes:
         if names_rows:
@@ -59,21 +59,30 @@ def target_language(model: Any, tokenizer: Any, target_lang: str | None, what: s
     """Make `model` generate into `target_lang` (forcing its code first) and return the code it will start with;
     None for a model of one target language. A UserError names what is missing or unknown. `names_rows`: the
     value also picks the target side of nested translation rows (eval), so a model without codes is fine."""
-    codes = language_codes(tokenizer)
     config = model.generation_config
+    code, forced = target_code(language_codes(tokenizer), config.forced_bos_token_id,
+                               getattr(model.config, "decoder_start_token_id", None), target_lang, what, names_rows)
+    if forced is not None:
+        config.forced_bos_token_id = forced
+    return code
+
+
+def target_code(codes: dict[str, int], forced_bos: int | None, decoder_start: int | None, target_lang: str | None,
+                what: str, names_rows: bool = False) -> tuple[str | None, int | None]:
+    """(the code a translator with these `codes` starts its output with, the token to force first for
+    `target_lang`, None to keep its own): the rule of `target_language`, for a PyTorch model or an export
+    folder alike (whose forced token and decoder start are read from its own generation config)."""
     if target_lang is not None:
-        code = _chosen(codes, "--target-lang", target_lang, what, "translates into one language", names_rows)
-        if code is not None:
-            config.forced_bos_token_id = codes[code]
-        return code
+        code = chosen_code(codes, "--target-lang", target_lang, what, "translates into one language", names_rows)
+        return code, None if code is None else codes[code]
     by_id = {i: c for c, i in codes.items()}
-    for token in (config.forced_bos_token_id, getattr(model.config, "decoder_start_token_id", None)):
+    for token in (forced_bos, decoder_start):
         if token in by_id:
-            return by_id[token]
-    if len(codes) > 1 and config.forced_bos_token_id is None:
+            return by_id[token], None
+    if len(codes) > 1 and forced_bos is None:
         raise UserError(f"{what} translates into {len(codes)} languages and its generation config names none: "
                         f"pass --target-lang (one of {_examples(codes)})")
-    return None
+    return None, None
 
 
 def source_language(tokenizer: Any, source_lang: str | None, what: str, names_rows: bool = False) -> str | None:
@@ -84,7 +93,7 @@ def source_language(tokenizer: Any, source_lang: str | None, what: str, names_ro
     if source_lang is None:
         current = getattr(tokenizer, "src_lang", None)
         return current if current in codes else None
-    code = _chosen(codes, "--source-lang", source_lang, what, "reads one language", names_rows)
+    code = chosen_code(codes, "--source-lang", source_lang, what, "reads one language", names_rows)
     if code is None:
         return None
     if not hasattr(tokenizer, "src_lang"):

@@ -42,6 +42,9 @@ class EvalOptions(TemperatureOptions):
     latency_docs: int = opt(16, "Documents timed one at a time (batch 1) after 2 warm-up; 0 skips.", panel=SCORE,
                             min=0)
     tokenizer: str | None = opt(None, "Tokenizer for token lengths of a predictions file.", panel=SCORE)
+    allow_empty: bool = opt(False, "Score the outputs even when every one is empty (refused otherwise: all-empty "
+                                   "outputs mean a translator without --target-lang or a broken model, not a "
+                                   "score).", panel=SCORE)
     batch_size: int = opt(16, "Batch size (throughput is measured at it).", panel=GEN, min=1)
     split: str | None = opt(None, f"Split of {SPLITS}.", panel=COLS)
     text_column: str | None = opt(None, "Document / sentence column. [default: auto]", panel=COLS)

@@ -213,6 +213,11 @@ def _generate_and_score(options: EvalOptions, task: str, source: Any, staging: P
         rows, extra = summaries_from_file(source, options, log), {}
     if not rows:
         raise UserError(f"data {options.data} has no rows")
+    if not options.allow_empty and not any(str(r.get("prediction") or "").strip() for r in rows):
+        source = f"model {options.model}" if options.model is not None else f"predictions file {options.data}"
+        raise UserError(f"every one of the {len(rows)} outputs of {source} is empty: nothing to score (a "
+                        "multilingual translator without --target-lang? a broken model?); pass --allow-empty to "
+                        "score them anyway")
     bootstrap = {"resamples": options.resamples, "seed": options.seed, "confidence": 0.95}
     if task == "translation":
         metrics = score_translations(rows, options, log)
