@@ -37,6 +37,14 @@ def _failure(e: Exception, what: str, spec: str, folder: Path | None) -> str:
     return f"cannot load {what} from {spec}: {_first_line(e)}"
 
 
+def _config_field_errors() -> tuple[type[Exception], ...]:
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # older huggingface_hub: configs are not strict there
+        return ()
+    return (StrictDataclassError,)
+
+
 def from_pretrained(loader: Callable[..., Any], spec: str, what: str, **kwargs: Any) -> Any:
     """Call `loader(spec)`: a local folder as is, a hub name from the cache first, then the hub. The
     folder's JSON files (a cached hub name's too) are checked first (`model_files`), so a damaged one
@@ -44,8 +52,9 @@ def from_pretrained(loader: Callable[..., Any], spec: str, what: str, **kwargs: 
     from safetensors import SafetensorError
 
     # what the loaders raise for a missing, damaged or unreadable file (JSONDecodeError and
-    # UnicodeDecodeError are ValueErrors); pickle errors come from --allow-pickle's torch.load
-    failures = (OSError, ValueError, SafetensorError, EOFError, pickle.UnpicklingError)
+    # UnicodeDecodeError are ValueErrors; huggingface_hub's strict dataclasses raise their own type for a
+    # config.json field of the wrong type); pickle errors come from --allow-pickle's torch.load
+    failures = (OSError, ValueError, SafetensorError, EOFError, pickle.UnpicklingError, *_config_field_errors())
     from modelshrink.artifacts import in_staging, unfinished_input
 
     path = Path(spec).expanduser()
