@@ -177,7 +177,7 @@ def _summarize_with_export(options: EvalOptions, docs: list[Any], staging: Path,
     if given := options.temperature_options():
         raise UserError(f"{given[0]} needs the PyTorch model: an export folder runs at the attention temperature it "
                         "was exported with")
-    for name in ("max_tokens", "dtype"):
+    for name in ("max_tokens", "dtype", "generator"):
         if getattr(options, name) != EvalOptions.__dataclass_fields__[name].default:
             raise UserError(f"--{name.replace('_', '-')} applies to a PyTorch model; an export folder runs as exported")
     runtime = load(options.model)
