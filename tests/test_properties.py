@@ -124,3 +124,61 @@ def test_the_cases_are_drawn_from_every_option():
         assert _fields(step), step
         assert all(flag_of(f).startswith("--") for f in _fields(step))
     json.dumps([flag_of(f) for step in STEPS for f in _fields(step)])
+
+
+RUN_FLAGS = ("--limit", "--batch-size", "--num-beams", "--max-length", "--column")
+
+
+@QUICK
+@given(flags=st.lists(st.tuples(st.sampled_from(RUN_FLAGS),
+                                st.sampled_from(["0", "-1", "1", "2", "abc", "", "2.5", "document", "nope"])),
+                      max_size=3),
+       corrupt=st.sampled_from(["missing", "junk", "wrong-shape", "torn", "empty", "good"]))
+def test_run_does_its_work_or_stops_in_one_line(flags, corrupt, plain_models, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("run")
+    export = _bart_export(plain_models, tmp_path_factory)
+    source = folder / "docs.jsonl"
+    if corrupt != "missing":
+        source.write_bytes({"junk": b"\x00\xff\x13garbage", "wrong-shape": b'[1, 2]\n{"x": 3}\n',
+                            "torn": b'{"id": "a", "document": "the fox', "empty": b"",
+                            "good": b'{"id": "a", "document": "the quick brown fox"}\n'}[corrupt])
+    result = runner.invoke(app, ["run", str(export), "--input", str(source), *[x for pair in flags for x in pair]])
+    if result.exit_code == 0:
+        return
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert result.exit_code in (1, 2) and "Traceback" not in result.output, result.output
+    assert result.output.strip().startswith("Error: ") and len(result.output.strip().splitlines()) == 1, result.output
+
+
+_EXPORTS: dict = {}
+
+
+def _bart_export(plain_models, tmp_path_factory):
+    if "bart" not in _EXPORTS:
+        out = tmp_path_factory.mktemp("export") / "bart-onnx"
+        result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(out), "--no-validate"])
+        assert result.exit_code == 0, result.output
+        _EXPORTS["bart"] = out
+    return _EXPORTS["bart"]
+
+
+@QUICK
+@given(data=st.data())
+def test_quickstart_options_are_taken_or_refused_in_one_line(data, tmp_path_factory, monkeypatch):
+    """quickstart's options, drawn (the chain itself is replaced by a stub: a valid set of options would run it)."""
+    import modelshrink.quickstart
+
+    ran = []
+    monkeypatch.setattr(modelshrink.quickstart, "run_quickstart", lambda options, output, **kw: ran.append(output)
+                        or {"systems": []})
+    hints = typing.get_type_hints(OPTIONS_OF["quickstart"])
+    flags: list[str] = []
+    for f in data.draw(st.lists(st.sampled_from(_fields("quickstart")), max_size=3, unique_by=lambda f: f.name)):
+        flags += [flag_of(f), *data.draw(_cli_value(f, hints), label=f.name)]
+    out = tmp_path_factory.mktemp("qs") / "out"
+    result = runner.invoke(app, ["quickstart", "-o", str(out), *flags])
+    if result.exit_code == 0 or ran:
+        return
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert result.output.strip().startswith("Error: ") and len(result.output.strip().splitlines()) == 1, result.output
+    assert not out.exists()

@@ -75,8 +75,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m modelshrink.runti
     import argparse
     import sys
 
-    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> None:  # one line, as every modelshrink command's usage errors
+            print(f"Error: {message} (see '{prog} --help')", file=sys.stderr)
+            raise SystemExit(2)
+
+    parser = Parser(prog=prog, description=DESCRIPTION, epilog=EPILOG,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", help="An export folder (from modelshrink export).")
     parser.add_argument("--input", "-i", required=True, help="JSON lines with a document (or text) column; .gz too.")
     parser.add_argument("--column", default=None, help="The text column. [default: found by name: document, "
