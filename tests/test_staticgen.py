@@ -267,3 +267,25 @@ def test_prefetched_keeps_order_raises_the_producers_error_and_stops_when_closed
     count = len(seen)
     time.sleep(0.3)
     assert len(seen) == count <= 3 + 2 + 1  # the producer stopped after filling the queue
+
+
+@pytest.mark.parametrize("family,settings", [("bart", dict(num_beams=3, max_length=12, no_repeat_ngram_size=2,
+                                                               min_length=4, output_temperature=0.7)),
+                                             ("t5", dict(num_beams=2, max_length=10)),
+                                             ("bart", dict(num_beams=1, max_length=10, min_length=3))])
+def test_a_whole_step_is_one_graph_without_a_host_read(family, settings):
+    """What a CUDA graph needs of the step (decoder, processors, beam update, cache reorder, per-document λ),
+    checked on the CPU: torch.compile traces it whole (fullgraph), which fails on any read of a device value on
+    the host (`.item()`, `bool(tensor)`, a branch on a tensor), the reads a graph capture cannot hold."""
+    model, tok = build(family)
+    s = resolve_generation(model.generation_config, **settings)
+    search = StaticSearch(model, s, {"encoder_self": 1.0, "decoder_self": None, "decoder_cross": None})
+    enc = tok(DOCUMENTS[:5], return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        memory = model.get_encoder()(**enc).last_hidden_state
+        shape = search.shape_for(5, enc["input_ids"].shape[1])
+        search._start(shape, memory, enc["attention_mask"], [1.0, 1.5, 2.0, 1.2, 1.1])
+        step = torch.compile(lambda: search._step(shape), backend="eager", fullgraph=True)
+        step()
+        step()
+    assert int(shape.state.length) == 3
