@@ -353,3 +353,42 @@ def test_plain_transformers_refuses_a_quantized_artifact(tmp_path):
     # never a model with random weights and a warning: transformers finds no weights file it knows
     with pytest.raises(OSError, match="no file named model.safetensors"):
         AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("bits", ["2-2-8", "4-4-8"])
+def test_weights_are_quantized_once_per_optimizer_step_to_the_same_values(bits, classifier_path, tmp_path,
+                                                                          monkeypatch):
+    """Issue 54: each fake-quantized weight is computed once per optimizer step (parametrize.cached around the
+    step's forward and backward passes), not at every use in every micro-batch; the trained integers and scales
+    are bit for bit those of computing it at every use."""
+    from contextlib import nullcontext
+
+    from safetensors.torch import load_file
+    from torch.nn.utils import parametrize
+
+    from modelshrink.quant import modules
+
+    rows = [{"id": f"s{i}", "sentence": d, "label": i % 2} for i, d in enumerate(DOCUMENTS)]
+    data = write_jsonl(tmp_path / "sst.jsonl", rows)
+    calls = {"n": 0}
+    original = modules.FakeQuant.forward
+
+    def counted(self, weight):
+        calls["n"] += 1
+        return original(self, weight)
+
+    monkeypatch.setattr(modules.FakeQuant, "forward", counted)
+
+    def run(name: str) -> tuple[int, dict]:
+        calls["n"] = 0
+        out = quantize(QuantizeOptions(model=str(classifier_path), bits=bits, data=str(data), max_steps=3,
+                                       batch_size=2, grad_accum=2, device="cpu", seed=1), tmp_path / name)
+        return calls["n"], load_file(out / "modelshrink-quantized.safetensors")  # the integers and scales
+
+    cached_calls, cached = run("cached")
+    monkeypatch.setattr(parametrize, "cached", nullcontext)
+    every_use, uncached = run("every-use")
+    assert cached.keys() == uncached.keys()
+    assert all(torch.equal(cached[k], uncached[k]) for k in cached)
+    print(f"fake-quantizations: {cached_calls} cached, {every_use} at every use")
+    assert cached_calls < every_use / 1.5, (cached_calls, every_use)  # 2 micro-batches a step: about half

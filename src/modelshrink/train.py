@@ -331,11 +331,14 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
           loss_fn: LossFn, options: TrainOptions, workdir: Path, *, accelerator: Any,
           validate: ValidateFn | None = None, save_best: Callable[[Any, Path], None] | None = None,
           resume: bool = False, progress: Callable[[dict[str, Any]], None] | None = None,
-          log: Callable[[str], None] = lambda m: None, hparams: dict[str, Any] | None = None) -> TrainResult:
+          log: Callable[[str], None] = lambda m: None, hparams: dict[str, Any] | None = None,
+          step_context: Callable[[], Any] = contextlib.nullcontext) -> TrainResult:
     """Train `model` in place; returns what happened. `examples` carry `length` (tokens) for batching.
     `save_best(model, folder)` is called on the main process whenever validation improves. With
     `options.report_to`, the main process's trackers get every train_log.jsonl line and `hparams` (the
-    step's recorded options; the training options where not given)."""
+    step's recorded options; the training options where not given). `step_context()` is entered around each
+    optimizer step's forward and backward passes (quantize: `parametrize.cached`, so that each fake-quantized
+    weight is computed once per step, not at every use in every micro-batch)."""
     main, world = accelerator.is_main_process, accelerator.num_processes
     lengths = [e["length"] for e in examples]
     per_epoch = len(make_batches(lengths, options, 0)) // world // options.grad_accum
@@ -373,7 +376,7 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
     train_log.trackers = _start_trackers(options, workdir, hparams, checkpoint is not None, state.step, main, log)
     try:
         _loop(ddp, stepper, optimizer, scheduler, state, examples, lengths, collate, loss_fn, options, workdir,
-              accelerator, validation, train_log, total, progress)
+              accelerator, validation, train_log, total, progress, step_context)
     finally:
         if train_log.trackers is not None:
             train_log.trackers.finish()
@@ -402,7 +405,7 @@ def _start_trackers(options: TrainOptions, workdir: Path, hparams: dict[str, Any
 def _loop(ddp: Any, stepper: Any, optimizer: Any, scheduler: Any, state: TrainState, examples: list[dict[str, Any]],
           lengths: list[int], collate: Callable, loss_fn: LossFn, options: TrainOptions, workdir: Path, accelerator: Any,
           validation: _Validation | None, train_log: _Log, total: int,
-          progress: Callable[[dict[str, Any]], None] | None) -> None:
+          progress: Callable[[dict[str, Any]], None] | None, step_context: Callable[[], Any]) -> None:
     """The steps from `state` to `total` (or an early stop), then the final validation; `state` records them."""
     main = accelerator.is_main_process
     started = time.perf_counter() - state.seconds
@@ -416,8 +419,9 @@ def _loop(ddp: Any, stepper: Any, optimizer: Any, scheduler: Any, state: TrainSt
         mine = _my_batches(lengths, options, state.epoch, accelerator)
         for position in range(state.batch_in_epoch, len(mine), options.grad_accum):
             group = mine[position:position + options.grad_accum]
-            _accumulate(ddp, [collate([examples[i] for i in indices]) for indices in group], loss_fn, accelerator,
-                        pending, state.step + 1)
+            with step_context():
+                _accumulate(ddp, [collate([examples[i] for i in indices]) for indices in group], loss_fn,
+                            accelerator, pending, state.step + 1)
             if options.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(ddp.parameters(), options.max_grad_norm)
             stepper.step()

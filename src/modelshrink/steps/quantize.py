@@ -236,6 +236,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
     from modelshrink.families import encoder_layer_count
     from modelshrink.models import load_classifier, resolve_device, source_length, task_of
     from modelshrink.shrink import spaced_layer_ids
+    from torch.nn.utils import parametrize
 
     defaults = {f.name: f.default for f in fields(QuantizeOptions)}
     given = [k for k in SEQ2SEQ_ONLY if getattr(options, k) != defaults[k]]
@@ -290,7 +291,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
                    validate=classify.make_validate(validation, tokenizer, train_options.batch_size,
                                                    accelerator.device, max_length) if validation else None,
                    save_best=save_best_with(save), resume=resume, progress=progress, log=log,
-                   hparams=options.recorded())
+                   hparams=options.recorded(), step_context=parametrize.cached)
     student = accelerator.unwrap_model(student)
     if not accelerator.is_main_process:
         return output
