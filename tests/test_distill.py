@@ -114,15 +114,18 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(saved_models, pai
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(saved_models, pairs, tmp_path, monkeypatch):
     from modelshrink import losses
 
-    original = losses.label_smoothed_cross_entropy
     calls = {"n": 0}
 
-    def poisoned(*args, **kwargs):
-        calls["n"] += 1
-        value = original(*args, **kwargs)
-        return value * float("nan") if calls["n"] == 7 else value
+    def poisoned(original):
+        def loss(*args, **kwargs):
+            calls["n"] += 1
+            value = original(*args, **kwargs)
+            return value * float("nan") if calls["n"] == 7 else value
 
-    monkeypatch.setattr(losses, "label_smoothed_cross_entropy", poisoned)
+        return loss
+
+    for name in ("label_smoothed_cross_entropy", "linear_cross_entropy"):  # the fused CE or not: one a micro-batch
+        monkeypatch.setattr(losses, name, poisoned(getattr(losses, name)))
     out = tmp_path / "s"
     with pytest.raises(TrainingDiverged, match=r"NaN or inf at step 7.*step-5"):
         distill(_opts(pairs, teacher=str(saved_models["bart"]), max_steps=10, save_every=5), out)

@@ -390,5 +390,38 @@ def test_weights_are_quantized_once_per_optimizer_step_to_the_same_values(bits, 
     every_use, uncached = run("every-use")
     assert cached.keys() == uncached.keys()
     assert all(torch.equal(cached[k], uncached[k]) for k in cached)
-    print(f"fake-quantizations: {cached_calls} cached, {every_use} at every use")
     assert cached_calls < every_use / 1.5, (cached_calls, every_use)  # 2 micro-batches a step: about half
+
+
+def test_seq2seq_quantization_quantizes_each_weight_once_per_step(saved_models, tmp_path, monkeypatch):
+    """The same for DQ-BART's seq2seq path (distill's loop): fewer fake-quantizations, the same integers."""
+    from contextlib import nullcontext
+
+    from safetensors.torch import load_file
+    from torch.nn.utils import parametrize
+
+    from modelshrink.quant import modules
+
+    rows = [{"id": f"d{i}", "document": d, "summary": s} for i, (d, s) in enumerate(zip(DOCUMENTS, SUMMARIES))]
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    calls = {"n": 0}
+    original = modules.FakeQuant.forward
+
+    def counted(self, weight):
+        calls["n"] += 1
+        return original(self, weight)
+
+    monkeypatch.setattr(modules.FakeQuant, "forward", counted)
+
+    def run(name: str) -> tuple[int, dict]:
+        calls["n"] = 0
+        out = quantize(QuantizeOptions(model=str(saved_models["bart"]), bits="2-2-8", data=str(data), max_steps=2,
+                                       batch_size=3, grad_accum=2, device="cpu", seed=1), tmp_path / name)
+        return calls["n"], load_file(out / "modelshrink-quantized.safetensors")
+
+    cached_calls, cached = run("cached")
+    monkeypatch.setattr(parametrize, "cached", nullcontext)
+    every_use, uncached = run("every-use")
+    assert all(torch.equal(cached[k], uncached[k]) for k in cached) and cached.keys() == uncached.keys()
+    # (here 142 against 212: the training steps' share halves; saving the model quantizes once more either way)
+    assert cached_calls < every_use / 1.4, (cached_calls, every_use)

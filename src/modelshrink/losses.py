@@ -13,6 +13,10 @@ number of counted positions, V the vocabulary, H the hidden size, A the heads:
 where φ = layer_map sends student layer i to the teacher layer it copies, hidden-state tuples
 start with the embeddings (so layer i's output is index i + 1) and P counts the (query, key)
 pairs whose query and key are both unmasked. Everything is computed in float32.
+
+`linear_cross_entropy` is label_smoothed_cross_entropy of `hidden @ weight.T + bias` that never holds
+more than one chunk of tokens' logits (a fused linear cross-entropy; the LM head's logits are
+[tokens, vocabulary], gigabytes at a 50k vocabulary).
 """
 
 from __future__ import annotations
@@ -34,6 +38,110 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smo
     keep = labels != ignore_index
     logits = logits[keep].float()
     return _mean_over(F.cross_entropy(logits, labels[keep], label_smoothing=smoothing, reduction="none"))
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         labels: torch.Tensor, *, ignore_index: int = -100, label_smoothing: float = 0.0,
+                         chunk_tokens: int = 4096, compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """label_smoothed_cross_entropy(hidden @ weight.T + bias, labels, ...) without materialising the logits:
+    they are made `chunk_tokens` tokens at a time and dropped once the chunk's loss and gradients are
+    taken. `hidden` is [..., H], `weight` [V, H], `bias` [V] or None, `labels` hidden's leading shape.
+
+    The matmul runs in `compute_dtype` (default: the autocast dtype where autocast is on, else the
+    inputs' own), the softmax in float32, as a head under autocast followed by `.float()` would.
+    """
+    keep = labels != ignore_index
+    hidden, labels = hidden[keep], labels[keep]  # ignored tokens never reach the arithmetic, as above
+    if compute_dtype is None:
+        device = hidden.device.type
+        compute_dtype = (torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
+                         else torch.promote_types(hidden.dtype, weight.dtype))
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    total = _LinearCrossEntropy.apply(hidden, weight, bias, labels, label_smoothing, chunk_tokens, compute_dtype,
+                                      needs_grad)
+    return total / max(labels.shape[0], 1)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Σ over tokens of the label-smoothed cross-entropy of hidden @ weight.T + bias.
+
+    The gradients are taken in the forward, chunk by chunk, while each chunk's logits are at hand, and
+    kept until backward scales them by the incoming gradient: three matmuls of [tokens, H] by [H, V], as
+    the unfused head costs, where recomputing the logits in backward would cost four. What waits for
+    backward is the size of the inputs (hidden's and the weight's gradients), never the logits.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, smoothing, chunk_tokens, compute_dtype, needs_grad):
+        wanted = ctx.needs_input_grad[:3] if needs_grad else (False, False, False)
+        total = hidden.new_zeros((), dtype=torch.float32)
+        grad_hidden, grad_weight, grad_bias = [], None, None
+        with torch.autocast(hidden.device.type, enabled=False):  # dtypes are chosen here, not by autocast
+            weight_c = weight.to(compute_dtype)
+            for start in range(0, hidden.shape[0], chunk_tokens):
+                hidden_c = hidden[start:start + chunk_tokens].to(compute_dtype)
+                loss, dlogits = _chunk(hidden_c, weight_c, bias, labels[start:start + chunk_tokens], smoothing,
+                                       any(wanted))
+                total += loss
+                if wanted[2]:
+                    grad_bias = _add(grad_bias, dlogits.sum(0))
+                if wanted[0] or wanted[1]:
+                    dlogits = dlogits.to(compute_dtype)  # the matmuls' dtype, as autocast's backward would
+                if wanted[0]:
+                    grad_hidden.append(dlogits @ weight_c)
+                if wanted[1]:
+                    grad_weight = _add(grad_weight, dlogits.T @ hidden_c)
+                del dlogits  # before the next chunk's logits are made
+        if hidden.shape[0] == 0:  # no token counted: zero gradients, as the unfused loss gives (DDP waits for them)
+            grad_weight, grad_bias = (torch.zeros_like(t, dtype=torch.float32) if want else None
+                                      for t, want in zip((weight, bias), wanted[1:]))
+        ctx.grads = (_rows(grad_hidden, hidden) if wanted[0] else None, grad_weight, grad_bias)
+        ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        if ctx.grads is None:  # freed below, as autograd frees saved tensors after a backward
+            raise RuntimeError("Trying to backward through linear_cross_entropy a second time")
+        # in place: these are this function's own tensors, and a weight-sized copy is a pass over memory
+        scaled = [g.mul_(grad_total).to(dtype) if g is not None else None for g, dtype in zip(ctx.grads, ctx.dtypes)]
+        ctx.grads = None  # the loss tensor may live on into the next forward; its gradients need not
+        return (*scaled, None, None, None, None, None)
+
+
+def _chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+           smoothing: float, with_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One chunk's summed loss, (1−ε)·(−log p_y) + ε·mean_v(−log p_v) as F.cross_entropy smooths, and with
+    `with_grad` its gradient by the logits, softmax − (1−ε)·onehot(y) − ε/V, in float32."""
+    logits = (hidden @ weight.T).float()
+    if bias is not None:
+        logits += bias
+    # Everything in place on this one [chunk, V] tensor, each sum read before the next step overwrites it.
+    logits -= logits.amax(-1, keepdim=True)  # so that exp cannot overflow
+    picked, mean = logits.gather(1, labels[:, None]).squeeze(1), logits.mean(-1)
+    probs = logits.exp_()
+    sum_exp = probs.sum(-1)
+    loss = (sum_exp.log() - (1.0 - smoothing) * picked - smoothing * mean).sum()
+    if not with_grad:
+        return loss, None
+    probs /= sum_exp[:, None]
+    probs[torch.arange(len(labels), device=labels.device), labels] -= 1.0 - smoothing
+    if smoothing:
+        probs -= smoothing / probs.shape[-1]
+    return loss, probs
+
+
+def _rows(parts: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """The chunks' rows as one tensor (no copy for a single chunk; zero rows for none)."""
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat(parts) if parts else torch.zeros_like(like)
+
+
+def _add(total: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
+    """Sum over chunks in float32; the first chunk's part starts it (no zero-filled buffer to add into)."""
+    part = part.float()
+    return part if total is None else total.add_(part)
 
 
 def kd_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor,

@@ -7,7 +7,7 @@ from typing import ClassVar
 from modelshrink.errors import UserError
 from modelshrink.options import REQUIRED, opt, options_class
 from modelshrink.options.generation import GEN
-from modelshrink.options.train import DATA, OPT, SPLITS, VAL, TrainOptions
+from modelshrink.options.train import DATA, OPT, SPEED, SPLITS, VAL, TrainOptions
 
 START = "Starting point"
 LOSS = "Losses"
@@ -21,6 +21,7 @@ class DistillOptions(TrainOptions):
     """Every option of `modelshrink distill`; the training options come from TrainOptions."""
 
     STEP: ClassVar[str] = "distill"
+    GOES_WITH: ClassVar[dict[str, str]] = {"cross_attention_init": "init_encoder_decoder"}
 
     data: str = opt(REQUIRED, "Training pairs: gold (document, summary) or a pseudolabel artifact.", argument=True)
     teacher: str | None = opt(None, "Teacher model: the student copies its layers, and word-level losses compare "
@@ -49,8 +50,11 @@ class DistillOptions(TrainOptions):
                               panel=LOSS, min=0)
     label_smoothing: float = opt(0.1, "Label smoothing of the cross-entropy (PLATE: 0.1).", panel=LOSS, min=0,
                                  below=1)
+    fused_cross_entropy: bool = opt(True, "Take the cross-entropy from the decoder's last hidden state in chunks of "
+                                          "tokens, never holding the [tokens, vocabulary] logits (the same loss; "
+                                          "not with --kd-logits, which compares the logits).", panel=SPEED)
     batch_size: int = opt(16, "Pairs per batch and process.", panel=OPT, min=1)
-    validation: str | None = opt(None, "Validation pairs, scored by ROUGE, BLEU and chrF.", panel=VAL)
+    validation: str | None = opt(None, "Validation pairs, scored by ROUGE, BLEU and chrF.", panel=VAL, metavar="DATA")
     eval_limit: int | None = opt(200, "Validation documents used.", panel=VAL, min=1)
     metric: str = opt("rouge2", "Keep the checkpoint best by this (bleu, chrf: sacreBLEU's, for translation).",
                       panel=VAL, choices=SEQ2SEQ_METRICS)

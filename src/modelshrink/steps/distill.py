@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from torch.nn.utils import parametrize
 
 from modelshrink import __version__
 from modelshrink.cards import commit_model
@@ -140,10 +141,30 @@ def decoder_inputs(model: Any, labels: torch.Tensor) -> torch.Tensor:
 
 
 def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] | None):
-    """Label-smoothed CE, plus the weighted word-level losses against the teacher."""
-    from modelshrink import losses
+    """Label-smoothed CE, plus the weighted word-level losses against the teacher.
+
+    Without --kd-logits (and unless --no-fused-cross-entropy), the CE never materialises the logits: the
+    student's forward stops before its LM head and `losses.linear_cross_entropy` takes the loss from the
+    hidden state chunk by chunk (every supported family; `lm_head` says how each makes its logits). A head
+    that is not a plain linear (a quantized student's) keeps the logits, and so does --kd-logits, which
+    compares them; a teacher whose logits no loss reads skips its head."""
+    from modelshrink import lm_head, losses
+    from modelshrink.precision import torch_dtype
 
     need_hidden, need_attention = options.kd_hidden > 0, options.kd_attention > 0
+    fused = options.fused_cross_entropy and options.kd_logits is None
+    # The head's matmul in the autocast dtype, as the model's own head runs (autocast ends with the forward).
+    compute_dtype = torch_dtype(options.precision)
+
+    def cross_entropy(model: Any, core: Any, inputs: dict[str, Any], labels: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        head = lm_head.find(core) if fused else None
+        with lm_head.bypassed(head):
+            out = model(**inputs)
+        if head is None:
+            return out, losses.label_smoothed_cross_entropy(out.logits, labels, options.label_smoothing)
+        # out.logits is the head's input here
+        return out, losses.linear_cross_entropy(out.logits, head.weight, head.bias(), labels,
+                                                label_smoothing=options.label_smoothing, compute_dtype=compute_dtype)
 
     def loss_fn(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         core = model.module if hasattr(model, "module") else model  # DDP keeps the model in .module
@@ -152,11 +173,10 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
         inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                       decoder_input_ids=decoder_input_ids, output_hidden_states=need_hidden,
                       output_attentions=need_attention, use_cache=False)
-        out = model(**inputs)
-        ce = losses.label_smoothed_cross_entropy(out.logits, batch["labels"], options.label_smoothing)
+        out, ce = cross_entropy(model, core, inputs, batch["labels"])
         total, parts = ce, {"ce": ce.detach()}
         if teacher is not None and options.word_level:
-            with torch.no_grad():
+            with torch.no_grad(), lm_head.bypassed(lm_head.find(teacher) if fused else None):
                 t = teacher(**inputs)
             target_mask = (batch["labels"] != -100).long()
             source_mask = batch["attention_mask"]
@@ -246,7 +266,9 @@ def train_seq2seq(options: DistillOptions, built: dict[str, Any], rows: list[Any
     result = train(student, tokenized, make_collate(tokenizer.pad_token_id), make_loss(options, teacher, built["maps"]),
                    options.train_options(), staging, accelerator=accelerator, validate=validate,
                    save_best=save_best_with(save), resume=resume, progress=progress, log=log,
-                   hparams=hparams if hparams is not None else options.recorded())
+                   hparams=hparams if hparams is not None else options.recorded(),
+                   # a quantized student's fake-quantized weights once per step (nothing else is parametrized)
+                   step_context=parametrize.cached)
     student = accelerator.unwrap_model(student)
     student.set_attn_implementation(attention_kernel)
     return student, result
