@@ -65,7 +65,7 @@ from types import SimpleNamespace
 import torch
 
 from _report import publish
-from scale_out import bart_model
+from scale_out import bart_model, fresh_peak, peak_since
 
 PARTS = ("pseudolabel", "distill", "quantize")
 STARTED = time.perf_counter()
@@ -150,23 +150,6 @@ def peak_tflops(device: str) -> tuple[str, float, float, float] | None:
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize(device)
-
-
-def fresh_peak(device: str) -> int:
-    """Free what earlier runs left and reset the peak counter; returns the bytes still allocated."""
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        return torch.cuda.memory_allocated(device)
-    return 0
-
-
-def peak_since(device: str, baseline: int) -> int | None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - baseline
-    return None
 
 
 def weights_bytes(model: torch.nn.Module) -> int:

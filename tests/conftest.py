@@ -275,3 +275,15 @@ def one_torch_thread():
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def interrupt_after(n_calls: int):
+    """A progress callback that interrupts the run (Ctrl-C) on its call after the first `n_calls`."""
+    calls = {"n": 0}
+
+    def progress(done, total):
+        calls["n"] += 1
+        if calls["n"] > n_calls:
+            raise KeyboardInterrupt
+
+    return progress

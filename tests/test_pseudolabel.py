@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import DOCUMENTS, FAMILIES, read_rows
+from conftest import DOCUMENTS, FAMILIES, interrupt_after, read_rows
 from modelshrink.artifacts import read_manifest, staging_path, verify_files
 from modelshrink.errors import UserError
 from modelshrink.plate import row_lambda
@@ -106,16 +106,6 @@ class Interrupt(Exception):
     pass
 
 
-def _interrupt_after(n_calls):
-    calls = {"n": 0}
-
-    def progress(done, total):
-        calls["n"] += 1
-        if calls["n"] > n_calls:
-            raise KeyboardInterrupt
-
-    return progress
-
 
 @pytest.mark.parametrize("mode", [dict(lam=2.0), dict(lambda_range=(1.0, 2.0)), dict(do_sample=True)])
 def test_resume_after_interruption_gives_the_same_rows(mode, saved_models, docs_jsonl, tmp_path):
@@ -123,7 +113,7 @@ def test_resume_after_interruption_gives_the_same_rows(mode, saved_models, docs_
     whole = read_rows(pseudolabel(_options(teacher, docs_jsonl, **mode), tmp_path / "whole"))
     out = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):
-        pseudolabel(_options(teacher, docs_jsonl, **mode), out, progress=_interrupt_after(1))  # 1 batch written
+        pseudolabel(_options(teacher, docs_jsonl, **mode), out, progress=interrupt_after(1))  # 1 batch written
     assert not out.exists() and staging_path(out).is_dir()
     part = staging_path(out) / "parts" / "part-00000-of-00001.jsonl"
     assert len(part.read_text().splitlines()) == 4
@@ -137,7 +127,7 @@ def test_resume_after_interruption_gives_the_same_rows(mode, saved_models, docs_
 def test_resume_refuses_other_options_and_unfinished_run_needs_a_choice(saved_models, docs_jsonl, tmp_path):
     teacher, out = saved_models["bart"], tmp_path / "pl"
     with pytest.raises(KeyboardInterrupt):
-        pseudolabel(_options(teacher, docs_jsonl, lam=2.0), out, progress=_interrupt_after(1))
+        pseudolabel(_options(teacher, docs_jsonl, lam=2.0), out, progress=interrupt_after(1))
     with pytest.raises(UserError, match="other options or inputs .*lambda"):
         pseudolabel(_options(teacher, docs_jsonl, lam=1.5), out, resume=True)
     docs_jsonl.write_text(docs_jsonl.read_text().replace("quick brown fox", "slow brown fox"))

@@ -355,6 +355,22 @@ def test_plain_transformers_refuses_a_quantized_artifact(tmp_path):
         AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
 
 
+
+def _count_fake_quantizations(monkeypatch) -> dict:
+    """{"n": how many times a weight was fake-quantized}, counted from now on."""
+    from modelshrink.quant import modules
+
+    calls = {"n": 0}
+    original = modules.FakeQuant.forward
+
+    def counted(self, weight):
+        calls["n"] += 1
+        return original(self, weight)
+
+    monkeypatch.setattr(modules.FakeQuant, "forward", counted)
+    return calls
+
+
 @pytest.mark.parametrize("bits", ["2-2-8", "4-4-8"])
 def test_weights_are_quantized_once_per_optimizer_step_to_the_same_values(bits, classifier_path, tmp_path,
                                                                           monkeypatch):
@@ -366,18 +382,9 @@ def test_weights_are_quantized_once_per_optimizer_step_to_the_same_values(bits, 
     from safetensors.torch import load_file
     from torch.nn.utils import parametrize
 
-    from modelshrink.quant import modules
-
     rows = [{"id": f"s{i}", "sentence": d, "label": i % 2} for i, d in enumerate(DOCUMENTS)]
     data = write_jsonl(tmp_path / "sst.jsonl", rows)
-    calls = {"n": 0}
-    original = modules.FakeQuant.forward
-
-    def counted(self, weight):
-        calls["n"] += 1
-        return original(self, weight)
-
-    monkeypatch.setattr(modules.FakeQuant, "forward", counted)
+    calls = _count_fake_quantizations(monkeypatch)
 
     def run(name: str) -> tuple[int, dict]:
         calls["n"] = 0
@@ -400,18 +407,9 @@ def test_seq2seq_quantization_quantizes_each_weight_once_per_step(saved_models, 
     from safetensors.torch import load_file
     from torch.nn.utils import parametrize
 
-    from modelshrink.quant import modules
-
     rows = [{"id": f"d{i}", "document": d, "summary": s} for i, (d, s) in enumerate(zip(DOCUMENTS, SUMMARIES))]
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    calls = {"n": 0}
-    original = modules.FakeQuant.forward
-
-    def counted(self, weight):
-        calls["n"] += 1
-        return original(self, weight)
-
-    monkeypatch.setattr(modules.FakeQuant, "forward", counted)
+    calls = _count_fake_quantizations(monkeypatch)
 
     def run(name: str) -> tuple[int, dict]:
         calls["n"] = 0

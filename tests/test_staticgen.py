@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import DOCUMENTS, build, read_rows, translator
+from conftest import DOCUMENTS, build, interrupt_after, read_rows, translator
 from modelshrink.errors import UserError
 from modelshrink.generation import generate_ids, resolve_generation
 from modelshrink.staticgen import StaticSearch, why_not
@@ -187,16 +187,6 @@ def test_auto_on_a_gpu_says_in_one_line_why_a_model_takes_generate(monkeypatch, 
     assert "sampling" in said[1]
 
 
-def _interrupt_after(n_calls):
-    calls = {"n": 0}
-
-    def progress(done, total):
-        calls["n"] += 1
-        if calls["n"] > n_calls:
-            raise KeyboardInterrupt
-
-    return progress
-
 
 def test_resume_with_the_static_search_loses_and_repeats_nothing(saved_models, docs_jsonl, tmp_path):
     from modelshrink.artifacts import staging_path
@@ -207,7 +197,7 @@ def test_resume_with_the_static_search_loses_and_repeats_nothing(saved_models, d
     out = tmp_path / "resumed"
     options = _options(teacher, docs_jsonl, generator="static", lambda_range=(1.0, 2.0), batch_size=4)
     with pytest.raises(KeyboardInterrupt):
-        pseudolabel(options, out, progress=_interrupt_after(1))  # one batch written
+        pseudolabel(options, out, progress=interrupt_after(1))  # one batch written
     part = staging_path(out) / "parts" / "part-00000-of-00001.jsonl"
     assert len(part.read_text().splitlines()) == 4
     assert read_rows(pseudolabel(options, out, resume=True)) == whole

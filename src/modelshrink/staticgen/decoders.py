@@ -109,6 +109,17 @@ class Caches:
             cache = buffers[name]
             cache.copy_(cache.index_select(1, rows))
 
+    def _read_source(self, query_proj: nn.Linear, out_proj: nn.Linear, x: torch.Tensor,
+                     buffers: dict[str, torch.Tensor], i: int, documents: int, beams: int, scale: torch.Tensor | None,
+                     scaling: float) -> torch.Tensor:
+        """Cross attention of layer i: each document's beams, folded into the query axis, read its source's keys and
+        values (computed once per document)."""
+        rows = x.shape[0]
+        query = self._query(_linear(query_proj, x), scale).view(documents, beams, self.heads, self.head_dim)
+        out = F.scaled_dot_product_attention(query.transpose(1, 2), buffers["cross_k"][i], buffers["cross_v"][i],
+                                             attn_mask=buffers["source_mask"], scale=scaling)
+        return _linear(out_proj, out.transpose(1, 2).reshape(rows, 1, -1))
+
     def _query(self, query: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         if scale is not None:  # as plate's row hook: scaled in float32, then cast
             wide = torch.promote_types(query.dtype, torch.float32)
@@ -203,12 +214,8 @@ class BartDecoder(Caches):
 
     def _cross_attention(self, attention: nn.Module, x: torch.Tensor, buffers: dict[str, torch.Tensor], i: int,
                          documents: int, beams: int, scale: torch.Tensor | None) -> torch.Tensor:
-        rows = x.shape[0]
-        query = self._query(_linear(attention.q_proj, x), scale).view(documents, beams, self.heads, self.head_dim)
-        query = query.transpose(1, 2)
-        out = F.scaled_dot_product_attention(query, buffers["cross_k"][i], buffers["cross_v"][i],
-                                             attn_mask=buffers["source_mask"], scale=self.scaling)
-        return _linear(attention.out_proj, out.transpose(1, 2).reshape(rows, 1, -1))
+        return self._read_source(attention.q_proj, attention.out_proj, x, buffers, i, documents, beams, scale,
+                                 self.scaling)
 
 class T5Decoder(Caches):
     """One step of a T5 decoder over the caches it holds for a shape (the same interface as BartDecoder)."""
@@ -299,12 +306,7 @@ class T5Decoder(Caches):
 
     def _cross_attention(self, attention: nn.Module, x: torch.Tensor, buffers: dict[str, torch.Tensor], i: int,
                          documents: int, beams: int, scale: torch.Tensor | None) -> torch.Tensor:
-        rows = x.shape[0]
-        query = self._query(_linear(attention.q, x), scale).view(documents, beams, self.heads, self.head_dim)
-        query = query.transpose(1, 2)
-        out = F.scaled_dot_product_attention(query, buffers["cross_k"][i], buffers["cross_v"][i],
-                                             attn_mask=buffers["source_mask"], scale=1.0)
-        return _linear(attention.o, out.transpose(1, 2).reshape(rows, 1, -1))
+        return self._read_source(attention.q, attention.o, x, buffers, i, documents, beams, scale, 1.0)
 
     def _feed_forward(self, ff: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if hasattr(ff, "wi_0"):
