@@ -155,9 +155,10 @@ def quality(forms: dict[str, tuple[str, Path]], validation: Path, args: argparse
     for index, (name, (_, path)) in enumerate(forms.items()):
         out = reference if name == TEACHER else args.work / f"eval-{index}"
         log(f"evaluating {name} on {args.docs} documents")
+        # allow_empty: a form that writes nothing (a collapsed 2-bit one, a --tiny teacher) scores 0, as it should
         _, metrics = evaluate(EvalOptions(model=str(path), data=str(validation), limit=args.docs, latency_docs=0,
                                           max_source_length=MAX_SOURCE, against=None if name == TEACHER else
-                                          str(reference), **GENERATION), out, resume=True, log=log)
+                                          str(reference), allow_empty=True, **GENERATION), out, resume=True, log=log)
         if not metrics:  # a finished artifact kept as it was
             metrics = json.loads((out / "metrics.json").read_text())
         results[name] = {"rouge": {k: metrics[k] for k in ("rouge1", "rouge2", "rougeL")}, "ci95": metrics["ci95"],
@@ -195,7 +196,8 @@ def against_pytorch(forms: dict[str, tuple[str, Path]], results: dict[str, dict]
             out = args.work / f"eval-pytorch-{len(scored)}"
             log(f"evaluating the PyTorch form of {name} ({model}) on {args.docs} documents")
             _, metrics = evaluate(EvalOptions(model=str(model), data=str(validation), limit=args.docs, latency_docs=0,
-                                              max_source_length=MAX_SOURCE, **GENERATION), out, resume=True, log=log)
+                                              max_source_length=MAX_SOURCE, allow_empty=True, **GENERATION), out,
+                                  resume=True, log=log)
             metrics = metrics or json.loads((out / "metrics.json").read_text())
             scored[model] = {"rougeL": metrics["rougeL"], "ci95": metrics["ci95"]["rougeL"], "path": str(model)}
         low, high = scored[model]["ci95"]

@@ -48,7 +48,6 @@ baseline at 102 pairs); `--docs 400 --steps 2` for less, `--only` for one part.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
