@@ -4,8 +4,6 @@ the run."""
 
 from __future__ import annotations
 
-import json
-import math
 
 import pytest
 from typer.testing import CliRunner
