@@ -32,7 +32,7 @@ EXTRA_ASSETS = ("benchmarks/frontier.png",)  # repository images the docs pages 
 def _cli():
     if str(ROOT / "src") not in sys.path:  # a build from a clone without `pip install -e .`
         sys.path.insert(0, str(ROOT / "src"))
-    import typer.main
+    import typer.main  # noqa: TID251 (the reference is read from the command line itself)
 
     from modelshrink.cli import app
     from modelshrink.commands._from_options import OPTIONS_OF
@@ -171,6 +171,8 @@ def rehome(text: str, source: str, page: str, files, config) -> str:
             return m.group(0)
         path, _, anchor = target.partition("#")
         path = path.removeprefix("./")
+        if path.startswith("docs/") and path.endswith(".md"):  # a page of this site, seen from the root
+            return f"{bang}[{label}]({up}{path[len('docs/'):]}{'#' + anchor if anchor else ''})"
         if path in ROOT_PAGES:
             return f"{bang}[{label}]({up}{ROOT_PAGES[path]}{'#' + anchor if anchor else ''})"
         if path.lower().endswith(ASSETS) and (ROOT / path).is_file():

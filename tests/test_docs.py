@@ -267,7 +267,7 @@ def test_every_command_line_parses_against_the_cli(where, argv, inline):
     except AssertionError as e:
         pytest.fail(f"{where}\n  {e}")
     except Exception as e:  # Click's usage errors and the options' UserError alike
-        message = getattr(e, "format_message", lambda: str(e))()
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
         pytest.fail(f"{where}\n  {type(e).__name__}: {message}")
 
 
