@@ -12,6 +12,10 @@ finished one):
   8-8-8, 2-2-8 (all layers) distillation-aware `quantize` of the teacher, exported (kernels measured by export);
   2-2-8, fewer layers       the same with D decoder layers; --reuse DIR takes them from recipes/dq-bart-debian.sh's
                             folder (888-6-6, 228-6-6, 228-6-3) instead of training them
+  --uniform (3-3-8, 4-4-8)  more uniform bits, all layers, the same steps (issue 55)
+  --budgets (10x, 13x)      `quantize --budget-mb`: each layer group's bits chosen from measured sensitivity under a
+                            budget (MB, or Nx: the teacher's float32 weights over N), the same steps; each is also
+                            compared with the uniform form nearest its size (paired permutation test, `eval --compare`)
 Then each form, on the first --docs validation documents (beam 4, no repeated trigram, sources <= 128 tokens,
 summaries <= 32): ROUGE-1/2/L with 95% intervals and a paired permutation test against the teacher (`eval`,
 resumable), and ROUGE-L against the PyTorch model each export was made from (is it in that model's interval?),
@@ -19,8 +23,8 @@ MB on disk (weight files), peak RSS of a fresh process that loads the form and s
 load hits all alike) and batch-16 docs/s (median of --rounds passes over --throughput-docs documents).
 It writes frontier.json into --work, the figure (--figure: ROUGE-L against batch-1 latency, marker area = MB)
 and the table into BENCHMARKS.md (section frontier) unless --no-write.
-Target: one compressed form >= 4x smaller and >= 3x faster (batch 1) than the teacher in PyTorch, ROUGE-L within
-1.0 point of the teacher's.
+Targets: one compressed form >= 4x smaller and >= 3x faster (batch 1) than the teacher in PyTorch, ROUGE-L within
+1.0 point of the teacher's (issue 29); one >= 10x smaller and >= 5x faster within 1.0 (issue 55).
 """
 
 from __future__ import annotations
@@ -125,7 +129,9 @@ def make_forms(args: argparse.Namespace, train: Path, log) -> dict[str, tuple[st
         distill(DistillOptions(data=str(train), teacher=str(teacher), decoder_layers=fewer, max_steps=args.student_steps,
                                lr=3e-4, warmup_ratio=0.05, save_every=100, **budget), student, resume=True, log=log)
     quantized = {}
-    for name, bits, layers in (("888-6-6", "8-8-8", None), ("228-6-6", "2-2-8", None), ("228-6-3", "2-2-8", fewer)):
+    uniform = [(bits.replace("-", "") + "-all", bits, None) for bits in args.uniform]
+    for name, bits, layers in (("888-6-6", "8-8-8", None), ("228-6-6", "2-2-8", None), ("228-6-3", "2-2-8", fewer),
+                               *uniform):
         reused = Path(args.reuse) / name if args.reuse else None
         if reused is not None and (reused / "modelshrink.json").is_file():
             quantized[name] = reused
@@ -134,6 +140,14 @@ def make_forms(args: argparse.Namespace, train: Path, log) -> dict[str, tuple[st
         quantized[name] = quantize(QuantizeOptions(model=str(teacher), bits=bits, data=str(train), decoder_layers=layers,
                                                    max_steps=args.quantize_steps, lr=1e-4, warmup_ratio=0.05,
                                                    save_every=100, **budget), work / name, resume=True, log=log)
+    teacher_mb = weight_mb("torch", teacher)
+    for text in args.budgets:
+        mb = teacher_mb / float(text[:-1]) if text.endswith("x") else float(text)
+        log(f"distillation-aware under a {mb:.2f} MB budget ({text}; {args.quantize_steps} steps)")
+        quantized[f"budget-{text}"] = quantize(QuantizeOptions(model=str(teacher), bits="8-8-8", budget_mb=mb,
+                                                               data=str(train), max_steps=args.quantize_steps,
+                                                               lr=1e-4, warmup_ratio=0.05, save_every=100, **budget),
+                                               work / f"budget-{text}", resume=True, log=log)
     return {
         TEACHER: ("torch", teacher),
         "teacher, ONNX float32": ("onnx", exported(teacher, "teacher-fp32")),
@@ -143,6 +157,9 @@ def make_forms(args: argparse.Namespace, train: Path, log) -> dict[str, tuple[st
         "8-8-8 distillation-aware, ONNX": ("onnx", exported(quantized["888-6-6"], "888")),
         "2-2-8 distillation-aware, ONNX": ("onnx", exported(quantized["228-6-6"], "228")),
         f"2-2-8 (D {fewer}) distillation-aware, ONNX": ("onnx", exported(quantized["228-6-3"], "228-fewer")),
+        **{f"{bits} distillation-aware, ONNX": ("onnx", exported(quantized[name], name)) for name, bits, _ in uniform},
+        **{f"budget {text} distillation-aware, ONNX": ("onnx", exported(quantized[f"budget-{text}"], f"budget-{text}"))
+           for text in args.budgets},
     }
 
 
@@ -162,7 +179,7 @@ def quality(forms: dict[str, tuple[str, Path]], validation: Path, args: argparse
         if not metrics:  # a finished artifact kept as it was
             metrics = json.loads((out / "metrics.json").read_text())
         results[name] = {"rouge": {k: metrics[k] for k in ("rouge1", "rouge2", "rougeL")}, "ci95": metrics["ci95"],
-                         "against_teacher": metrics.get("against", {}).get("p")}
+                         "against_teacher": metrics.get("against", {}).get("p"), "eval": str(out)}
     return results
 
 
@@ -203,6 +220,47 @@ def against_pytorch(forms: dict[str, tuple[str, Path]], results: dict[str, dict]
         low, high = scored[model]["ci95"]
         found[name] = {**scored[model], "within": low <= results[name]["rouge"]["rougeL"] <= high}
     return found
+
+
+def artifact_mb(form: Path) -> float:
+    """MB of the quantize artifact an export was made from (the size a budget bounds)."""
+    from modelshrink.quant.model import WEIGHTS_NAME
+
+    return Path(pytorch_forms({"form": ("onnx", form)})["form"], WEIGHTS_NAME).stat().st_size / 1e6
+
+
+def budget_against_uniform(forms: dict[str, tuple[str, Path]], results: dict[str, dict], args: argparse.Namespace,
+                           log) -> list[dict]:
+    """Each budget form against the uniform-bits form (all layers) nearest its size, on the same documents: ROUGE
+    and a paired permutation test (`eval --compare` on the two eval artifacts, nothing generated again)."""
+    from modelshrink.compare import compare
+
+    uniform = {name: artifact_mb(path) for name, (_, path) in forms.items()
+               if name.split(" ")[0] in [*args.uniform, "2-2-8", "8-8-8"] and "(D " not in name}
+    found = []
+    for name, (_, path) in forms.items():
+        if not name.startswith("budget "):
+            continue
+        size = artifact_mb(path)
+        nearest = min(uniform, key=lambda u: abs(uniform[u] - size))
+        out = args.work / f"compare-{name.split(' ')[1]}"
+        log(f"{name} ({size:.2f} MB) against {nearest} ({uniform[nearest]:.2f} MB)")
+        _, report = compare([results[nearest]["eval"], results[name]["eval"]], out, overwrite=True)
+        p = report["systems"][1]["p_vs_first"]
+        found.append({"budget": name, "budget_mb": size, "uniform": nearest, "uniform_mb": uniform[nearest],
+                      **{k: results[name]["rouge"][k] - results[nearest]["rouge"][k] for k in ("rouge1", "rouge2",
+                                                                                                "rougeL")},
+                      "p": {k: p.get(k) for k in ("rouge1", "rouge2", "rougeL")}})
+    return found
+
+
+def budget_table(rows: list[dict]) -> list[str]:
+    lines = ["| budget form | artifact MB | uniform form nearest in size | artifact MB | Δ ROUGE-1 | Δ ROUGE-2 | "
+             "Δ ROUGE-L | p (R-L) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['budget']} | {r['budget_mb']:.2f} | {r['uniform']} | {r['uniform_mb']:.2f} | "
+                     f"{r['rouge1']:+.2f} | {r['rouge2']:+.2f} | {r['rougeL']:+.2f} | {r['p']['rougeL']:.3f} |")
+    return lines
 
 
 def speed(forms: dict[str, tuple[str, Path]], docs: list[str], args: argparse.Namespace) -> dict[str, dict]:
@@ -294,6 +352,21 @@ def verdict(results: dict[str, dict]) -> str:
             f"ROUGE-L {r['rouge']['rougeL'] - base['rouge']['rougeL']:+.2f})")
 
 
+def verdict_budget(results: dict[str, dict]) -> str:
+    """Issue 55's target: a form >= 10x smaller than the teacher's float32, >= 5x faster at batch 1 than the teacher
+    in PyTorch, ROUGE-L within 1.0."""
+    base = results[TEACHER]
+    met = [name for name, r in results.items() if name != TEACHER and base["mb"] / r["mb"] >= 10
+           and base["p50_ms"] / r["p50_ms"] >= 5 and base["rouge"]["rougeL"] - r["rouge"]["rougeL"] <= 1.0]
+    if met:
+        return "Issue 55's target met (≥ 10× smaller, ≥ 5× faster, ROUGE-L within 1.0): " + ", ".join(met)
+    small = [n for n, r in results.items() if n != TEACHER and base["mb"] / r["mb"] >= 10]
+    best = max(small, key=lambda n: results[n]["rouge"]["rougeL"]) if small else None
+    return ("Issue 55's target not met (≥ 10× smaller, ≥ 5× faster, ROUGE-L within 1.0)" + (
+        f"; the best form ≥ 10× smaller: {best} (ROUGE-L {results[best]['rouge']['rougeL'] - base['rouge']['rougeL']:+.2f}, "
+        f"{base['p50_ms'] / results[best]['p50_ms']:.2f}× faster)" if best else ""))
+
+
 def tiny_setup(work: Path) -> tuple[Path, Path]:
     """A random BART of the smoke-run shape and the bundled sample, gzipped as --data expects."""
     import gzip
@@ -319,6 +392,11 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--work", type=Path, default=Path("runs/frontier"), help="artifacts and frontier.json")
     parser.add_argument("--reuse", help="recipes/dq-bart-debian.sh's folder: its 888-6-6, 228-6-6, 228-6-3")
     parser.add_argument("--student", help="a student to reuse instead of distilling one")
+    parser.add_argument("--uniform", type=lambda t: [b for b in t.split(",") if b], default=["3-3-8", "4-4-8"],
+                        help="more uniform W-E-A forms, all layers, comma-separated ('' for none) [default: 3-3-8,4-4-8]")
+    parser.add_argument("--budgets", type=lambda t: [b for b in t.split(",") if b], default=["10x", "13x"],
+                        help="budget forms, comma-separated: MB, or Nx (the teacher's float32 weights over N) "
+                        "[default: 10x,13x]")
     parser.add_argument("--decoder-layers", type=int, help="the student's and the fewer-layer 2-2-8's [default: half]")
     parser.add_argument("--student-steps", type=int, default=1500)
     parser.add_argument("--quantize-steps", type=int, default=300)
@@ -371,8 +449,9 @@ def main() -> None:
         results[name]["rss_mb"] = peak_rss_mb(kind, path, docs[:16])
     for name, measured in speed(forms, docs, args).items():
         results[name].update(measured)
+    budgets = budget_against_uniform(forms, results, args, log)
     (args.work / "frontier.json").write_text(json.dumps({"forms": {n: [k, str(p)] for n, (k, p) in forms.items()},
-                                                         "results": results}, indent=2) + "\n")
+                                                         "results": results, "budgets": budgets}, indent=2) + "\n")
     if not args.no_write:
         figure(results, args.figure)
     import onnxruntime
@@ -386,8 +465,12 @@ def main() -> None:
         f"{args.throughput_docs} documents ({args.rounds} passes); {len(os.sched_getaffinity(0))} threads. Machine: "
         f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, onnxruntime "
         f"{onnxruntime.__version__}. Command: `{command}` ({time.strftime('%Y-%m-%d')}).", "",
-        *table(results), "", verdict(results), "", "Each exported form against the PyTorch model it was exported "
-        "from, on the same documents:", "", *pytorch_table(results)])
+        *table(results), "", verdict(results), "", verdict_budget(results), "",
+        "Each exported form against the PyTorch model it was exported from, on the same documents:", "",
+        *pytorch_table(results),
+        *(["", "Each budget form against the uniform-bits form nearest its size (sizes: the quantize artifacts, "
+           "which the budget bounds; same steps and data), paired permutation test on the same documents:", "",
+           *budget_table(budgets)] if budgets else [])])
     publish("frontier", "frontier: what the whole chain buys", text, write=not args.no_write and not args.tiny)
 
 

@@ -252,6 +252,12 @@ def _parse_run(args: list[str]) -> None:
 LINES = command_lines()
 
 
+def test_readme_is_short():
+    """Issue 56: README is the front door (what it is, the set-up, the quickstart, the chain, links); the rest is in
+    docs/."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
 def test_the_pages_hold_command_lines():
     """README and the guides are read: a change to the extraction that found nothing would pass every line."""
     pages = {where.split(" ")[0] for where, _, _ in LINES}

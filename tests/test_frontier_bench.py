@@ -13,7 +13,8 @@ from transformers.utils import logging as hf_logging
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "frontier.py"
 # a few small training batches (--max-tokens): the run's plumbing is tested here, not what training buys
 SMALL = ["--tiny", "--no-write", "--student-steps", "1", "--quantize-steps", "1", "--max-tokens", "256", "--docs", "2",
-         "--latency-docs", "1", "--throughput-docs", "2", "--rounds", "1", "--no-export-check"]
+         "--latency-docs", "1", "--throughput-docs", "2", "--rounds", "1", "--no-export-check",
+         "--uniform", "", "--budgets", "4x"]  # the tiny teacher at 2 bits is ~5x smaller: a 4x budget mixes
 
 
 def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkeypatch, capsys):
@@ -36,7 +37,8 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     forms, results = report["forms"], report["results"]
     assert list(forms) == ["teacher, PyTorch", "teacher, ONNX float32", "student (D 1), ONNX float32",
                            "student (D 1), ONNX --int8", "student (D 1), ONNX --int4", "8-8-8 distillation-aware, ONNX",
-                           "2-2-8 distillation-aware, ONNX", "2-2-8 (D 1) distillation-aware, ONNX"]
+                           "2-2-8 distillation-aware, ONNX", "2-2-8 (D 1) distillation-aware, ONNX",
+                           "budget 4x distillation-aware, ONNX"]
     for name, got in results.items():
         assert set(got["rouge"]) == {"rouge1", "rouge2", "rougeL"} and len(got["ci95"]["rougeL"]) == 2, name
         assert got["mb"] > 0 and got["rss_mb"] > 0 and got["p50_ms"] > 0 and got["docs_s"] > 0, name
@@ -44,7 +46,7 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     # each export against the PyTorch model it came from (students' three exports share one evaluation)
     pytorch = {name: got["pytorch"] for name, got in results.items() if "pytorch" in got}
     assert set(pytorch) == set(forms) - {"teacher, PyTorch"}
-    assert pytorch["teacher, ONNX float32"]["within"] and len({t["path"] for t in pytorch.values() if "path" in t}) == 4
+    assert pytorch["teacher, ONNX float32"]["within"] and len({t["path"] for t in pytorch.values() if "path" in t}) == 5
     # the teacher exported to float32 summarizes as the teacher does: a paired test of identical scores gives p = 1
     assert results["teacher, ONNX float32"]["against_teacher"]["rougeL"] == 1.0
     # each form's own process: the runtime's (no torch) holds far less than PyTorch's
@@ -52,8 +54,15 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     mb = {name: got["mb"] for name, got in results.items()}
     assert mb["2-2-8 distillation-aware, ONNX"] < mb["8-8-8 distillation-aware, ONNX"] < mb["teacher, ONNX float32"]
     assert mb["2-2-8 (D 1) distillation-aware, ONNX"] < mb["2-2-8 distillation-aware, ONNX"]
+    # the budget form: its quantize artifact within the budget, compared with the uniform form nearest its size
+    budget, = report["budgets"]
+    teacher_mb = sum(p.stat().st_size for p in (work / "teacher").glob("*.safetensors")) / 1e6
+    assert budget["budget"] == "budget 4x distillation-aware, ONNX" and budget["budget_mb"] <= teacher_mb / 4
+    assert budget["uniform"] in {"2-2-8 distillation-aware, ONNX", "8-8-8 distillation-aware, ONNX"}
+    assert 0 <= budget["p"]["rougeL"] <= 1
     rows = [line for line in stdout.splitlines() if line.startswith("| ")]
-    assert len(rows) == 1 + len(forms) + 1 + len(pytorch) and ("Target met" in stdout or "Target not met" in stdout)
+    assert len(rows) == 1 + len(forms) + 1 + len(pytorch) + 1 + 1
+    assert ("Target met" in stdout or "Target not met" in stdout) and "Issue 55's target" in stdout
     # a rerun keeps every artifact the first run finished (nothing is trained or exported again)
     made = {p: p.stat().st_mtime for p in work.glob("*/modelshrink.json")}
     args = frontier.arguments().parse_args([*SMALL, "--work", str(work)])

@@ -42,6 +42,7 @@ def run(cmd: list[str], **env) -> subprocess.CompletedProcess:
 
 
 one_thread = one_torch_thread  # the one-process result is made while the launched workers run
+BUDGET = ["--budget-mb", "0.065", "--max-steps", "2", "--batch-size", "4", "--calibration-examples", "8"]
 
 
 def _many_docs(folder: Path) -> Path:
@@ -71,7 +72,9 @@ def launched(saved_models, tmp_path_factory):
                                           root / "pseudolabel" / "two", "--lambda-range", "1", "2", "--seed", "5",
                                           "--num-beams", "3", "--batch-size", "4", *device),
                 "eval": torchrun(2, "eval", saved_models["t5"], docs, "-o", root / "eval" / "two", "--device", "cpu",
-                                 "--batch-size", "3", "--latency-docs", "2", "--resamples", "200")}
+                                 "--batch-size", "3", "--latency-docs", "2", "--resamples", "200"),
+                "quantize": accelerate(2, "quantize", saved_models["bart"], "--data", docs, "-o",
+                                       root / "quantize" / "two", *BUDGET, *device)}
     started = {}
     for name, cmd in commands.items():
         (root / name).mkdir()
@@ -89,6 +92,26 @@ def launched(saved_models, tmp_path_factory):
     for process in started.values():  # the launches of tests that were deselected or failed first
         process.kill()
         process.wait()
+
+
+def test_two_processes_train_the_one_plan_of_a_budget(saved_models, launched, tmp_path):
+    """`launched` ran `accelerate launch` of quantize --budget-mb: the main process measures and plans, the other
+    takes its plan, and the plan is the one a single process makes."""
+    from modelshrink.steps.quantize import QuantizeOptions, quantize
+
+    many_docs, launch = launched
+    result, two = launch("quantize")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("measuring the sensitivity") == 1  # the main process alone
+    args = dict(zip(BUDGET[::2], BUDGET[1::2]))
+    with one_thread():
+        one = quantize(QuantizeOptions(model=str(saved_models["bart"]), data=str(many_docs), device="cpu",
+                                       budget_mb=float(args["--budget-mb"]), max_steps=int(args["--max-steps"]),
+                                       batch_size=int(args["--batch-size"]),
+                                       calibration_examples=int(args["--calibration-examples"])), tmp_path / "one")
+    plan = read_manifest(two)["metrics"]["bit_plan"]
+    assert plan["bits"] == read_manifest(one)["metrics"]["bit_plan"]["bits"]
+    assert plan["written_bytes"] == plan["predicted_bytes"] <= plan["budget_bytes"]
 
 
 def _options(teacher, data, **kw) -> PseudolabelOptions:

@@ -178,6 +178,15 @@ ENCODER_ONLY_LAYERS = ("encoder.layer", "transformer.layer", "encoder.layers", "
 # Each family's query projection name → its key and value projections (the surgery quantizes the
 # outputs of all three, as DQ-BART does).
 KEY_VALUE = {"q_proj": ("k_proj", "v_proj"), "q": ("k", "v"), "query": ("key", "value")}
+# Module names inside a layer that say what a linear layer belongs to, every family's (quantize's bit groups):
+# cross-attention is looked for first (bert2bert's `crossattention`, T5's `EncDecAttention`), then self-attention
+# (BERT's `attention` holds its own output projection), then the feed-forward block (BERT's `intermediate` and the
+# layer's `output`, T5's `DenseReluDense`, DistilBERT's `ffn`).
+CROSS_ATTENTION_NAMES = frozenset({"encoder_attn", "EncDecAttention", "crossattention"})
+SELF_ATTENTION_NAMES = frozenset({"self_attn", "SelfAttention", "attention"})
+FEED_FORWARD_NAMES = frozenset({"fc1", "fc2", "DenseReluDense", "intermediate", "output", "ffn", "mlp"})
+# A classifier's head outside its layers: BERT's pooler and classifier, DistilBERT's pre_classifier, ELECTRA's.
+CLASSIFIER_HEAD_NAMES = frozenset({"pooler", "classifier", "pre_classifier"})
 # Model type of an EncoderDecoderModel config (its halves keep their own configs).
 ENCODER_DECODER_TYPE = "encoder-decoder"
 

@@ -23,13 +23,22 @@ Quantize and shrink at once from a 6-6 teacher (the paper's "2-2-8 6-3" row):
 The direct baseline (no training; the paper shows it collapses):
 
     modelshrink quantize runs/student -o runs/student-228-direct --bits 2-2-8 --method direct
+
+Bits per layer: ternary, but 8-bit cross-attention and 4-bit decoder feed-forward blocks:
+
+    modelshrink quantize runs/teacher -o runs/q-mixed --bits 2-2-8,cross_attention=8,decoder.ffn=4 --data train.jsonl --epochs 3
+
+The best model under 20 MB: each layer group's bits chosen from its measured sensitivity (the plan is printed first):
+
+    modelshrink quantize runs/teacher -o runs/q-20mb --budget-mb 20 --data train.jsonl --epochs 3
 """
 
 
 @from_options(QuantizeOptions, extra=[OUTPUT, RESUME, OVERWRITE, QUIET])
 def quantize_command(options: QuantizeOptions, output, resume: bool, overwrite: bool,
                      quiet: bool) -> None:
-    """Quantize a model (DQ-BART): W-E-A bits, direct or distillation-aware, stored as packed integers.
+    """Quantize a model (DQ-BART): W-E-A bits (per layer, or chosen under --budget-mb), direct or distillation-aware,
+    stored as packed integers.
 
     The artifact holds int8 / 4-bit / ternary (1.6 bits per weight) integers with their scales, and
     reports parameters, bytes on disk and the compression ratio against the float32 model.

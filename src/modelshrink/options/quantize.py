@@ -12,10 +12,14 @@ from modelshrink.options.train import DATA, OPT, SPLITS, VAL, TrainOptions
 from modelshrink.quant.spec import parse_bits
 
 TRAIN = "Training (--method distill)"
+BUDGET = "Bits under a size budget"
 # all that `--method direct` reads; every other option goes with --method distill
 DIRECT_READS = frozenset({"model", "bits", "method", "granularity", "allow_low_activation_bits", "activation_clip",
-                          "device",
-                          "trust_remote_code", "allow_pickle"})
+                          "device", "trust_remote_code", "allow_pickle"})
+# what a budget adds to them: its calibration sample comes from --data, drawn with --seed, batched by --batch-size
+BUDGET_READS = frozenset({"budget_mb", "candidate_bits", "calibration_examples", "data", "split", "text_column",
+                          "summary_column", "text_pair_column", "label_column", "limit", "seed", "batch_size",
+                          "max_source_length", "max_target_length"})
 METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum", "bleu", "chrf", "accuracy", "f1", "mcc", "pearson", "spearman")
 
 
@@ -25,10 +29,12 @@ class QuantizeOptions(TrainOptions):
     apply to `--method distill`."""
 
     STEP: ClassVar[str] = "quantize"
+    GOES_WITH: ClassVar[dict[str, str]] = {"candidate_bits": "budget_mb", "calibration_examples": "budget_mb"}
 
     model: str = opt(REQUIRED, "A trained full-precision model: seq2seq, or a BERT-style classifier.", argument=True)
     bits: str = opt("8-8-8", "W-E-A: bits of linear weights, word embeddings, activations. 2 = ternary (TWN), "
-                             "3-8 = symmetric linear.")
+                             "3-8 = symmetric linear. Then rules for parts of the model, later over earlier: "
+                             "2-2-8,cross_attention=8,decoder.ffn=4,decoder.0=8,lm_head=4.")
     method: str = opt("distill", "distill (distillation-aware training, DQ-BART 2.3) or direct.",
                       choices=("distill", "direct"))
     granularity: str = opt("tensor", "Scale of linear weights: per tensor or per output row. Embeddings: always "
@@ -36,6 +42,13 @@ class QuantizeOptions(TrainOptions):
     allow_low_activation_bits: bool = opt(False, "Permit activations below 8 bits.")
     activation_clip: float | None = opt(None, "Clamp activations to +-this before their max-abs scale, as the DQ-BART "
                                               "authors' code does (2.5). [default: no clamp]")
+    budget_mb: float | None = opt(None, "Size of the weights file in MB (10^6 bytes): each layer group's weight bits "
+                                        "chosen by its measured sensitivity, never over the budget. Needs --data.",
+                                  panel=BUDGET, above=0, metavar="MB")
+    candidate_bits: str = opt("2,4,8", "Widths the budget chooses from (3 is stored as 4, 5-7 as 8).", panel=BUDGET,
+                              metavar="BITS,BITS")
+    calibration_examples: int = opt(64, "Examples of --data the sensitivity is measured on (drawn with --seed).",
+                                    panel=BUDGET, min=1)
     data: str | None = opt(None, "Training data for --method distill: pairs (seq2seq) or labelled sentences "
                                  "(classifiers).", panel=TRAIN)
     teacher: str | None = opt(None, "Full-precision teacher. [default: MODEL itself]", panel=TRAIN)
@@ -71,8 +84,16 @@ class QuantizeOptions(TrainOptions):
     def check(self) -> None:
         self.spec: Any = parse_bits(self.bits, self.allow_low_activation_bits, self.granularity,
                                     self.activation_clip)
+        if self.budget_mb is not None:
+            from modelshrink.quant.budget import check_budget_spec, parse_candidates
+
+            check_budget_spec(self.spec)
+            parse_candidates(self.candidate_bits)
+            if self.data is None:
+                raise UserError("--budget-mb measures each layer's sensitivity on examples: give --data")
         if self.method == "direct":
-            ignored = self.given({f.name for f in fields(self)} - DIRECT_READS)
+            reads = DIRECT_READS | (BUDGET_READS if self.budget_mb is not None else frozenset())
+            ignored = self.given({f.name for f in fields(self)} - reads)
             if ignored:
                 raise UserError(f"--method direct quantizes the model as it is, without data or training: "
                                 f"{', '.join(ignored)} {'goes' if len(ignored) == 1 else 'go'} with --method distill")

@@ -6,7 +6,9 @@ tensor or per row, float32); every other tensor (learned positional embeddings, 
 tables the architecture computes from their shape (Marian's and Pegasus' sinusoidal positions, 26% of a 2-2-8
 Marian-shaped student): those are left out and made again on load (`recomputed_tables`).
 config.json carries `quantization_config` (quant_method "modelshrink", the bits, the granularity,
-the packing, and each quantized tensor's shape), enough to rebuild the model.
+the packing, and each quantized tensor's shape and bits), enough to rebuild the model. A model with per-layer bits
+(`--bits 2-2-8,cross_attention=8`, `--budget-mb`) is format 2: its config also lists the rules and each group's
+bits, and a reader refuses any format newer than its own.
 
 Plain `transformers.from_pretrained` cannot read this: it finds no weights file it knows and fails
 (a file named model.safetensors would instead be loaded half-empty, with random weights).
@@ -27,6 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from modelshrink.errors import UserError
 from modelshrink.families import ENCODER_DECODER_TYPE
+from modelshrink.quant.groups import bits_by_group
 from modelshrink.quant.modules import check_quantizable, latent_weights, quantize_model
 from modelshrink.quant.spec import QuantSpec
 from modelshrink.quant.packing import BITS_PER_VALUE, pack, unpack
@@ -37,6 +40,9 @@ QUANT_METHOD = "modelshrink"
 # and start from random weights with only a warning. Under this name a plain load finds no weights
 # and fails loudly.
 WEIGHTS_NAME = "modelshrink-quantized.safetensors"
+# 1: one W-E-A for every layer (no `format_version` key); 2: per-layer bits (`rules`, `groups`). A reader refuses a
+# newer format in one line rather than misreading it.
+FORMAT_VERSION = 2
 
 
 def is_quantized(config: Any) -> bool:
@@ -54,27 +60,51 @@ def _plain_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_quantized(model: torch.nn.Module, tokenizer: Any, folder: str | os.PathLike, spec: QuantSpec) -> dict[str, Any]:
-    """Write the quantized model; returns the storage summary (tensors, bytes by kind)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+def stored_tensors(model: torch.nn.Module, *, codes: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """What the weights file holds: (tensors by name, each quantized tensor's shape and bits). With codes=False the
+    packed codes and scales are zero placeholders of their exact sizes, to predict the file's size cheaply."""
+    from modelshrink.quant.packing import packed_bytes
+
     quantized = latent_weights(model)
     tensors: dict[str, torch.Tensor] = {}
     shapes: dict[str, dict[str, Any]] = {}
     for name, (latent, bits, per_row) in quantized.items():
-        b, alpha = quantize_weight(latent.detach().float().cpu(), bits, per_row)
-        tensors[f"{name}.qweight"] = pack(b.flatten(), bits)
-        tensors[f"{name}.scale"] = alpha.float().reshape(-1).contiguous()
+        if codes:
+            b, alpha = quantize_weight(latent.detach().float().cpu(), bits, per_row)
+            tensors[f"{name}.qweight"] = pack(b.flatten(), bits)
+            tensors[f"{name}.scale"] = alpha.float().reshape(-1).contiguous()
+        else:
+            tensors[f"{name}.qweight"] = torch.zeros(packed_bytes(latent.numel(), bits), dtype=torch.uint8)
+            tensors[f"{name}.scale"] = torch.zeros(latent.shape[0] if per_row else 1, dtype=torch.float32)
         shapes[name] = {"shape": list(latent.shape), "bits": bits, "per_row": per_row}
     seen_data: set[int] = {latent.data_ptr() for latent, _, _ in quantized.values()}
-    recomputed = recomputed_tables(model)
+    recomputed = set(recomputed_tables(model))
     for name, value in _plain_state(model).items():
         if name in quantized or value.data_ptr() in seen_data or name in recomputed:  # tied copies, fixed tables
             continue
         tensors[name] = value.detach().cpu().contiguous()
         seen_data.add(value.data_ptr())
-    # one metadata key: safetensors writes several in a random order, so equal runs would differ in bytes
-    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+    return tensors, shapes
+
+
+# one metadata key: safetensors writes several in a random order, so equal runs would differ in bytes
+_METADATA = {"format": "pt"}
+
+
+def predicted_bytes(model: torch.nn.Module) -> int:
+    """The exact size of the weights file `save_quantized` would write for this model as it is quantized now."""
+    from safetensors.torch import save
+
+    return len(save(stored_tensors(model, codes=False)[0], metadata=_METADATA))
+
+
+def save_quantized(model: torch.nn.Module, tokenizer: Any, folder: str | os.PathLike, spec: QuantSpec) -> dict[str, Any]:
+    """Write the quantized model; returns the storage summary (tensors, bytes by kind)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors, shapes = stored_tensors(model)
+    save_file(tensors, str(folder / WEIGHTS_NAME), metadata=_METADATA)
+    recomputed = recomputed_tables(model)
     config = model.config
     config.quantization_config = {
         "quant_method": QUANT_METHOD, "bits": spec.label, "weight_bits": spec.weight_bits,
@@ -84,6 +114,9 @@ def save_quantized(model: torch.nn.Module, tokenizer: Any, folder: str | os.Path
         "activations": "symmetric per tensor, dynamic max-abs scale" + (
             f" of the activation clamped to +-{spec.activation_clip}" if spec.activation_clip else "")
         + ": linear inputs, q/k/v outputs, attention probabilities", "tensors": shapes}
+    if spec.mixed:  # format 2: each tensor's bits are already in `tensors`; the rules and groups say why
+        config.quantization_config.update(format_version=FORMAT_VERSION, rules=[list(r) for r in spec.rules],
+                                          groups={g.name: b for g, b in bits_by_group(model, spec).items()})
     if recomputed:
         config.quantization_config["recomputed"] = recomputed
     try:
@@ -102,8 +135,10 @@ def recomputed_tables(model: torch.nn.Module) -> list[str]:
     `create_weight`: Marian's and Pegasus' sinusoidal positions) and that still hold exactly those values."""
     names = []
     for prefix, module in model.named_modules():
-        make, weight = getattr(module, "create_weight", None), getattr(module, "weight", None)
-        if callable(make) and isinstance(weight, torch.Tensor):
+        make = getattr(module, "create_weight", None)
+        # `weight` only where there is a table to make: reading a quantized module's weight quantizes it
+        weight = getattr(module, "weight", None) if callable(make) else None
+        if isinstance(weight, torch.Tensor):
             with torch.no_grad():
                 fresh = make()
             if fresh.shape == weight.shape and torch.equal(fresh.to(weight.device, weight.dtype), weight.detach()):
@@ -139,6 +174,10 @@ def load_quantized(folder: str | os.PathLike) -> torch.nn.Module:
     qc = raw.get("quantization_config") if isinstance(raw, dict) else None
     if not isinstance(qc, dict) or qc.get("quant_method") != QUANT_METHOD:
         raise UserError(f"{folder} is not a modelshrink-quantized model")
+    version = qc.get("format_version", 1)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise UserError(f"{folder} is a quantized model of format {version}, written by a newer modelshrink; this one "
+                        f"reads formats up to {FORMAT_VERSION}: upgrade modelshrink to load it")
     config = AutoConfig.from_pretrained(folder)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -181,7 +220,7 @@ def load_quantized(folder: str | os.PathLike) -> torch.nn.Module:
         raise UserError(f"{folder}: the quantized checkpoint does not match its config "
                         f"(missing {really_missing[:3]}, unexpected {list(unexpected)[:3]})")
     spec = QuantSpec(qc["weight_bits"], qc["embedding_bits"], qc["activation_bits"], qc["granularity"],
-                     qc.get("activation_clip"))
+                     qc.get("activation_clip"), tuple((str(s), int(b)) for s, b in qc.get("rules", [])))
     quantize_model(model, spec, weights=False)  # weights already hold quantized values
     if getattr(config, "is_encoder_decoder", False) and (folder / "generation_config.json").is_file():
         from transformers import GenerationConfig

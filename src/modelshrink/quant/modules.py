@@ -28,6 +28,7 @@ from torch.nn.utils import parametrize
 
 from modelshrink.errors import UserError
 from modelshrink.families import CLASSIFIER_TYPES, KEY_VALUE, is_attention_projection
+from modelshrink.quant.groups import check_rules, weight_groups
 from modelshrink.quant.quantizers import fake_quantize, fake_quantize_activation
 from modelshrink.quant.spec import QuantSpec
 
@@ -101,43 +102,33 @@ def check_quantizable(config: Any) -> str:
                     f"and classifiers of type {', '.join(CLASSIFIER_TYPES)}")
 
 
-def word_embeddings(model: nn.Module) -> list[nn.Embedding]:
-    """Every embedding module that holds word (token) embeddings, tied copies included."""
-    weights = {id(model.get_input_embeddings().weight)}
-    decoder = getattr(model, "decoder", None)
-    if decoder is not None and hasattr(decoder, "get_input_embeddings") and decoder.get_input_embeddings() is not None:
-        weights.add(id(decoder.get_input_embeddings().weight))
-    return [m for m in model.modules() if isinstance(m, nn.Embedding) and id(m.weight) in weights]
-
-
 def quantize_model(model: nn.Module, spec: QuantSpec, weights: bool = True) -> dict[str, int]:
     """Apply the surgery in place; returns how many modules of each kind were changed.
 
+    Each weight takes its group's bits (`QuantSpec.bits_of`: W for linears, E for word embeddings and the LM
+    head, unless a rule says otherwise); linears per `spec.granularity`, embeddings and the LM head per row.
     With `weights=False` only activations and attention are quantized: for a model whose stored
     weights are already quantized values (loading an artifact), fake-quantizing them again would
     give the same numbers at a cost."""
     check_quantizable(model.config)
+    check_rules(model, spec)
     register_attention()
     head = model.get_output_embeddings()
     counts = {"linear": 0, "embedding": 0, "lm_head": 0, "qkv_outputs": 0, "attention": 0}
-    for module in word_embeddings(model):
-        if weights:
-            parametrize.register_parametrization(module, "weight", FakeQuant(spec.embedding_bits, per_row=True))
-        counts["embedding"] += 1
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear):
-            continue
-        if weights:
-            if module is head:
-                parametrize.register_parametrization(module, "weight", FakeQuant(spec.embedding_bits, per_row=True))
-            else:
-                parametrize.register_parametrization(module, "weight",
-                                                      FakeQuant(spec.weight_bits, spec.granularity == "row"))
-        counts["lm_head" if module is head else "linear"] += 1
-        module.register_forward_pre_hook(_quantize_input(spec.activation_bits, spec.activation_clip))
-        if is_attention_projection(name):
-            module.register_forward_hook(_quantize_output(spec.activation_bits, spec.activation_clip))
-            counts["qkv_outputs"] += 1
+    for group, modules in weight_groups(model).items():
+        bits = spec.bits_of(group)
+        for name, module in modules:
+            is_linear = isinstance(module, nn.Linear)
+            per_row = not is_linear or module is head or spec.granularity == "row"
+            if weights:
+                parametrize.register_parametrization(module, "weight", FakeQuant(bits, per_row))
+            counts["lm_head" if module is head else "linear" if is_linear else "embedding"] += 1
+            if not is_linear:
+                continue
+            module.register_forward_pre_hook(_quantize_input(spec.activation_bits, spec.activation_clip))
+            if is_attention_projection(name):
+                module.register_forward_hook(_quantize_output(spec.activation_bits, spec.activation_clip))
+                counts["qkv_outputs"] += 1
     for module in model.modules():
         if any(isinstance(getattr(module, n, None), nn.Linear) for n in KEY_VALUE):
             module.modelshrink_activation_bits = spec.activation_bits

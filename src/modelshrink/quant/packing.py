@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from modelshrink.quant.spec import code_threshold
+
 BITS_PER_VALUE: dict[int, float] = {2: 1.6, 3: 4.0, 4: 4.0, 5: 8.0, 6: 8.0, 7: 8.0, 8: 8.0}
 
 _TRITS_PER_BYTE = 5
@@ -30,7 +32,7 @@ _TRITS_PER_BYTE = 5
 def _check_bits(bits: int) -> int:
     if bits not in range(2, 9):
         raise ValueError(f"packing takes 2 to 8 bits, got {bits!r}")
-    return 2 ** (int(bits) - 1) - 1
+    return code_threshold(int(bits))
 
 
 def _check_range(values: torch.Tensor, th: int, bits: int, what: str) -> None:

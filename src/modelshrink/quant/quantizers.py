@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import torch
 
+from modelshrink.quant.spec import code_threshold
+
 _FLOAT32_TINY = torch.finfo(torch.float32).tiny
 
 
 def _threshold(bits: int) -> int:
     if bits not in range(3, 9):
         raise ValueError(f"symmetric quantization takes 3 to 8 bits (2 bits is ternary), got {bits!r}")
-    return 2 ** (bits - 1) - 1
+    return code_threshold(bits)
 
 
 def _check_per_row(w: torch.Tensor, per_row: bool) -> None:

@@ -89,7 +89,7 @@ def build_student(options: DistillOptions, device: str, log: Callable[[str], Non
 
 # ---------------------------------------------------------------- data
 
-def _read_pairs(spec: str, split: str | None, options: DistillOptions, limit: int | None) -> list[Any]:
+def read_pairs(spec: str, split: str | None, options: DistillOptions, limit: int | None) -> list[Any]:
     source = open_data(spec, split)
     if not source.columns:
         raise UserError(f"data {spec} has no rows")
@@ -238,8 +238,8 @@ def make_validate(rows: list[Any], tokenizer: Any, options: DistillOptions, max_
 
 def read_pairs_for(options: DistillOptions) -> tuple[list[Any], list[Any] | None]:
     """Training rows and validation rows (None without --validation)."""
-    train_rows = _read_pairs(options.data, options.split, options, options.limit)
-    validation_rows = (_read_pairs(options.validation, options.validation_split, options, options.eval_limit)
+    train_rows = read_pairs(options.data, options.split, options, options.limit)
+    validation_rows = (read_pairs(options.validation, options.validation_split, options, options.eval_limit)
                        if options.validation else None)
     return train_rows, validation_rows
 

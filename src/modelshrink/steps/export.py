@@ -33,6 +33,7 @@ from modelshrink.onnx.merge import merge_decoders, store_tied_once
 from modelshrink.onnx.self_attention import fuse_self_attention
 from modelshrink.onnx.validate import FLOAT_ATOL, INT4_RTOL, INT8_RTOL, QUANTIZED_RTOL, ExportCheckFailed, validate
 from modelshrink.options.export import ExportOptions
+from modelshrink.quant.spec import code_threshold
 from modelshrink.runtime.cpu import VNNI, signed_products_exact
 from modelshrink.runtime.files import DECODER_MERGED, DECODER_WITH_PAST, ENCODER, INT8_SCALED
 
@@ -113,8 +114,8 @@ def _rewrite(folder: Path, kind: str, graphs: list[str], options: ExportOptions,
     if quantized is not None and not options.int8:
         # with --int8 the dynamic quantization stores every matmul weight and table in 8 bits itself (and
         # multiplies in integers); its integer matmuls need the weight itself, not a Cast and Mul that compute it
-        thresholds = {1 if b == 2 else 2 ** (b - 1) - 1 for b in (quantized["weight_bits"],
-                                                                  quantized["embedding_bits"])}
+        # every width the artifact's tensors use (a mixed map has several): each weight is found at the smallest
+        thresholds = {code_threshold(info["bits"]) for info in quantized["tensors"].values()}
         for name in graphs:
             storage[name] = keep_low_bits(folder / name, thresholds, _kernels(name, options, measured),
                                           rounding_for(options.activation_rounding))

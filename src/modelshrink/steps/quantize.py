@@ -64,6 +64,28 @@ def storage_metrics(folder: Path, model: Any, teacher_params: int) -> dict[str, 
             "compression_ratio_at_nominal_bits": round(4 * teacher_params / nominal, 3) if nominal else None}
 
 
+def plan_metrics(plan: Any, folder: Path, training_seconds: float | None = None) -> dict[str, Any]:
+    """What a manifest records of a budget's plan: the budget, the predicted and the written size, the groups' bits,
+    and the measurement's time (and its share of the training's)."""
+    from modelshrink.quant.model import WEIGHTS_NAME
+
+    written = (Path(folder) / WEIGHTS_NAME).stat().st_size
+    out = {"budget_bytes": plan.budget_bytes, "predicted_bytes": plan.predicted_bytes, "written_bytes": written,
+           "smallest_bytes": plan.smallest_bytes, "sensitivity_seconds": plan.seconds,
+           "calibration_examples": plan.calibration_examples,
+           "bits": {name: info["bits"] for name, info in plan.groups.items()}}
+    if training_seconds:
+        out["sensitivity_share_of_training"] = round(plan.seconds / training_seconds, 4)
+    return out
+
+
+def plan_card(plan: Any) -> list[str]:
+    """The plan as a model card section."""
+    if plan is None:
+        return []
+    return ["## Bits by layer group (--budget-mb)", "", "```", *plan.table(), "```", ""]
+
+
 def _card_head(output: str | Path, options: QuantizeOptions, metrics: dict[str, Any]) -> list[str]:
     return [
         f"# {Path(output).name}", "",
@@ -134,18 +156,52 @@ def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, *, 
         model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, device,
                                            allow_pickle=options.allow_pickle)
     float_params = parameter_count(model)
-    counts = quantize_model(model, spec)
+    plan = None
+    if options.budget_mb is not None:  # the model as it is teaches its quantized self on the calibration sample
+        spec, plan, counts = _direct_plan(options, kind, model, device, log)
+    else:
+        counts = quantize_model(model, spec)
     log(f"quantized {counts['linear']} linear layers, {counts['embedding']} embedding modules, "
-        f"{counts['lm_head']} LM head ({spec.label}, {spec.granularity}"
+        f"{counts['lm_head']} LM head ({spec.base_label if plan else spec.label}, {spec.granularity}"
         + (f", activations clamped to +-{spec.activation_clip})" if spec.activation_clip else ")"))
-    parents = [parent_ref("model", options.model)]
+    parents = [parent_ref("model", options.model)] + ([parent_ref("data", options.data)] if plan else [])
     with writer:
         save_quantized(model, tokenizer, writer.staging, spec)
         metrics = {**storage_metrics(writer.staging, model, float_params), "modules": counts}
-        card = _card_head(output, options, metrics) + reproduce_section(options, output, parents)
+        if plan is not None:
+            plan.save(writer.staging)
+            metrics["bit_plan"] = plan_metrics(plan, writer.staging)
+        card = _card_head(output, options, metrics) + plan_card(plan) + reproduce_section(options, output, parents)
         (writer.staging / "README.md").write_text("\n".join(card) + "\n")
         return commit_model(writer, step="quantize", options=options.recorded(), parents=parents,
                             metrics=metrics, resolved={"bits": asdict(spec), "kind": kind})
+
+
+def _direct_plan(options: QuantizeOptions, kind: str, model: Any, device: str, log: Callable[[str], None]):
+    """--method direct --budget-mb: a second, full-precision copy of the model gives the calibration's targets."""
+    from modelshrink import classify
+    from modelshrink.models import load_classifier, load_seq2seq, source_length
+    from modelshrink.steps import bit_budget, distill
+
+    if kind == "seq2seq":
+        teacher, tokenizer, _ = load_seq2seq(options.model, "model", options.trust_remote_code, device,
+                                             allow_pickle=options.allow_pickle)
+        rows = distill.read_pairs(options.data, options.split, options, options.limit)
+        length = source_length(options.max_source_length, tokenizer, model.config)
+
+        def objective(sample: list[Any]) -> Any:
+            return bit_budget.seq2seq_objective(sample, tokenizer, teacher.eval(), length, options.max_target_length,
+                                                options.batch_size, device)
+    else:
+        teacher, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, device,
+                                             allow_pickle=options.allow_pickle)
+        rows, _ = _classifier_rows(options, teacher.config)
+        length = source_length(options.max_source_length, tokenizer, model.config)
+
+        def objective(sample: list[Any]) -> Any:
+            return bit_budget.classifier_objective(classify.tokenize_labeled(sample, tokenizer, length),
+                                                   tokenizer.pad_token_id, teacher.eval(), options.batch_size, device)
+    return bit_budget.quantize_within_budget(options, model, objective, rows, None, log)
 
 
 # ---------------------------------------------------------------- seq2seq: DQ-BART 2.3
@@ -183,17 +239,24 @@ def quantize_seq2seq(options: QuantizeOptions, output: str | Path, *, overwrite:
     rows, validation_rows = distill.read_pairs_for(settings)
     built = distill.build_student(settings, device, log)
     student, tokenizer = built["student"], built["tokenizer"]
-    counts = quantize_model(student, options.spec)
-    if options.gradient_checkpointing:
-        enable_gradient_checkpointing(student)
     distill.check_widths(built["teacher"], student, settings)
     max_source_length = source_length(settings.max_source_length, tokenizer, student.config)
+    spec, plan = options.spec, None
+    if options.budget_mb is not None:
+        spec, plan, counts = _seq2seq_plan(options, settings, built, rows, max_source_length,
+                                           writer.staging if resume else None, accelerator, log)
+    else:
+        counts = quantize_model(student, spec)
+    if options.gradient_checkpointing:
+        enable_gradient_checkpointing(student)
     parents = parent_refs(("data", settings.data), ("teacher", settings.teacher), ("student", settings.student),
                           ("validation", settings.validation))
     staging = open_run(accelerator, writer, options.recorded(), parents)
+    if plan is not None and accelerator.is_main_process:
+        plan.save(staging)
 
     def save(model: Any, folder: Path) -> None:
-        save_quantized(model, tokenizer, folder, options.spec)
+        save_quantized(model, tokenizer, folder, spec)
 
     result = None
     if options.max_steps != 0:
@@ -206,13 +269,32 @@ def quantize_seq2seq(options: QuantizeOptions, output: str | Path, *, overwrite:
     keep_best(staging, result, lambda folder: save(student, folder))
     metrics = distill.student_metrics(student, built["teacher"], result)
     metrics.update({**storage_metrics(staging, student, metrics["teacher_parameters"]), "modules": counts})
+    if plan is not None:
+        metrics["bit_plan"] = plan_metrics(plan, staging, result.seconds if result else None)
     write_validation(staging, result, settings.metric)
     card = distill.model_card(settings, output, built["origin"], metrics, "quantize")
-    (staging / "README.md").write_text(card + "\n".join(reproduce_section(options, output, parents)) + "\n")
-    resolved = {"bits": asdict(options.spec), "kind": "seq2seq", "layer_map": built["maps"],
+    (staging / "README.md").write_text(card + "\n".join(plan_card(plan) + reproduce_section(options, output, parents))
+                                       + "\n")
+    resolved = {"bits": asdict(spec), "kind": "seq2seq", "layer_map": built["maps"],
                 "max_source_length": max_source_length, **run_facts(accelerator, options)}
     return commit_model(writer, step="quantize", options=options.recorded(), parents=parents,
                         metrics=metrics, resolved=resolved)
+
+
+def _seq2seq_plan(options: QuantizeOptions, settings: DistillOptions, built: dict[str, Any], rows: list[Any],
+                  max_source_length: int, staging: Path | None, accelerator: Any, log: Callable[[str], None]):
+    """--budget-mb on a seq2seq student: the teacher's logits are the calibration's targets."""
+    from modelshrink.steps import bit_budget
+
+    teacher, student, tokenizer = built["teacher"], built["student"], built["tokenizer"]
+    device = accelerator.device
+    student.to(device)
+
+    def objective(sample: list[Any]) -> Any:
+        return bit_budget.seq2seq_objective(sample, tokenizer, teacher.to(device).eval(), max_source_length,
+                                            settings.max_target_length, settings.batch_size, device)
+
+    return bit_budget.quantize_within_budget(options, student, objective, rows, staging, log, accelerator)
 
 
 # ---------------------------------------------------------------- classifiers
@@ -226,6 +308,20 @@ def _classifier_metric(options: QuantizeOptions, task: str) -> str:
     return options.metric
 
 
+def _classifier_rows(options: QuantizeOptions, config: Any) -> tuple[list[Any], list[Any] | None]:
+    """The labelled training rows of --data and the validation rows (None without --validation)."""
+    from modelshrink import classify
+    from modelshrink.models import task_of
+
+    read = dict(text_column=options.text_column, text_pair_column=options.text_pair_column,
+                label_column=options.label_column, num_labels=config.num_labels, label2id=config.label2id,
+                task=task_of(config))
+    rows = classify.read_labeled(options.data, limit=options.limit, **read)
+    validation = (classify.read_labeled(options.validation, limit=options.eval_limit, **read)
+                  if options.validation else None)
+    return rows, validation
+
+
 def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwrite: bool, resume: bool,
                         progress: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None]) -> Path:
     """Distillation-aware quantization of a sequence classifier: the full-precision classifier teaches
@@ -236,6 +332,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
     from modelshrink.families import encoder_layer_count
     from modelshrink.models import load_classifier, resolve_device, source_length, task_of
     from modelshrink.shrink import spaced_layer_ids
+    from modelshrink.steps import bit_budget
     from torch.nn.utils import parametrize
 
     defaults = {f.name: f.default for f in fields(QuantizeOptions)}
@@ -258,24 +355,34 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
         raise UserError(f"teacher and student tokenizers differ ({why}); the distillation losses need the same one")
     if teacher.config.num_labels != student.config.num_labels:
         raise UserError(f"teacher has {teacher.config.num_labels} labels, the model {student.config.num_labels}")
+    rows, validation = _classifier_rows(options, student.config)
     task = task_of(student.config)
-    read = dict(text_column=options.text_column, text_pair_column=options.text_pair_column,
-                label_column=options.label_column, num_labels=student.config.num_labels,
-                label2id=student.config.label2id, task=task)
-    rows = classify.read_labeled(options.data, limit=options.limit, **read)
-    validation = (classify.read_labeled(options.validation, limit=options.eval_limit, **read)
-                  if options.validation else None)
     layer_map = spaced_layer_ids(encoder_layer_count(teacher.config), encoder_layer_count(student.config), "encoder")
     teacher_params = parameter_count(teacher)
-    counts = quantize_model(student, spec)
+    max_length = source_length(options.max_source_length, tokenizer, student.config)
+    plan = None
+    if options.budget_mb is not None:
+        device = accelerator.device
+        student.to(device)
+
+        def objective(sample: list[Any]) -> Any:
+            return bit_budget.classifier_objective(classify.tokenize_labeled(sample, tokenizer, max_length),
+                                                   tokenizer.pad_token_id, teacher.to(device).eval(),
+                                                   options.batch_size, device)
+
+        spec, plan, counts = bit_budget.quantize_within_budget(options, student, objective, rows,
+                                                               writer.staging if resume else None, log, accelerator)
+    else:
+        counts = quantize_model(student, spec)
     if options.gradient_checkpointing:
         enable_gradient_checkpointing(student)
     if options.kd_attention:
         teacher.set_attn_implementation("eager")  # the student's quantized attention returns its weights
     teacher = place_teacher(teacher, accelerator.device, options.precision)
-    max_length = source_length(options.max_source_length, tokenizer, student.config)
     parents = parent_refs(("model", options.model), ("data", options.data), ("teacher", options.teacher))
     staging = open_run(accelerator, writer, options.recorded(), parents)
+    if plan is not None and accelerator.is_main_process:
+        plan.save(staging)
 
     train_options = options.train_options()
     train_options.metric = _classifier_metric(options, task)
@@ -298,8 +405,10 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
 
     keep_best(staging, result, lambda folder: save(student, folder))
     metrics = {**storage_metrics(staging, student, teacher_params), "modules": counts, **training_metrics(result)}
+    if plan is not None:
+        metrics["bit_plan"] = plan_metrics(plan, staging, result.seconds)
     write_validation(staging, result, train_options.metric)
-    card = _card_head(output, options, metrics) + reproduce_section(options, output, parents)
+    card = _card_head(output, options, metrics) + plan_card(plan) + reproduce_section(options, output, parents)
     (staging / "README.md").write_text("\n".join(card) + "\n")
     resolved = {"bits": asdict(spec), "kind": "classifier", "task": task, "layer_map": layer_map,
                 **run_facts(accelerator, options)}

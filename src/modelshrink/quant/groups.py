@@ -1,0 +1,99 @@
+"""Which quantized weights share a bit width (a `Group`), and the bits each weight gets from a `QuantSpec`.
+
+A group is the linear layers of one kind in one layer (`decoder.2.cross_attention`: the query, key, value and
+output projections of that layer's cross-attention), or a part outside the layers (`embeddings`, `lm_head`,
+`head`). The names come from the modules' own names (families.py lists the words each family uses), so every
+family's layers group alike. The word embeddings and a tied LM head are one tensor, hence one group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch.nn.utils import parametrize
+
+from modelshrink.errors import UserError
+from modelshrink.families import (CLASSIFIER_HEAD_NAMES, CROSS_ATTENTION_NAMES, FEED_FORWARD_NAMES,
+                                  SELF_ATTENTION_NAMES)
+from modelshrink.quant.spec import STACKS, Group, QuantSpec, Selector
+
+# DistilBERT's stack is `transformer`: an encoder.
+_STACK_ALIASES = {"encoder": "encoder", "decoder": "decoder", "transformer": "encoder"}
+
+
+def weight_of(module: nn.Module) -> Any:
+    """The module's weight tensor: the latent one under a parametrization (tied modules share it)."""
+    if parametrize.is_parametrized(module, "weight"):
+        return module.parametrizations.weight.original
+    return module.weight
+
+
+def word_embeddings(model: nn.Module) -> list[nn.Embedding]:
+    """Every embedding module that holds word (token) embeddings, tied copies included."""
+    weights = {id(weight_of(model.get_input_embeddings()))}
+    decoder = getattr(model, "decoder", None)
+    if decoder is not None and hasattr(decoder, "get_input_embeddings") and decoder.get_input_embeddings() is not None:
+        weights.add(id(weight_of(decoder.get_input_embeddings())))
+    return [m for m in model.modules() if isinstance(m, nn.Embedding) and id(weight_of(m)) in weights]
+
+
+def linear_group(name: str) -> Group:
+    """The group of a linear layer (not the LM head) from its qualified name."""
+    parts = name.split(".")
+    stack = next((_STACK_ALIASES[p] for p in parts if p in _STACK_ALIASES), "")
+    layer = next((int(p) for p in parts if p.isdigit()), -1)
+    if layer < 0:
+        if stack and not any(p in CLASSIFIER_HEAD_NAMES for p in parts):
+            return Group(stack, -1, "other")
+        return Group("", -1, "head" if any(p in CLASSIFIER_HEAD_NAMES for p in parts) else "other")
+    names = set(parts)
+    kind = ("cross_attention" if names & CROSS_ATTENTION_NAMES else "attention" if names & SELF_ATTENTION_NAMES
+            else "ffn" if names & FEED_FORWARD_NAMES else "other")
+    return Group(stack or "encoder", layer, kind)
+
+
+def weight_groups(model: nn.Module) -> dict[Group, list[tuple[str, nn.Module]]]:
+    """Every weight that quantization stores as integers, by group: (module name, module) pairs, tied copies
+    included (they take their tensor's bits); sorted by group."""
+    head = model.get_output_embeddings()
+    embeddings = word_embeddings(model)
+    tied = head is not None and any(weight_of(head) is weight_of(e) for e in embeddings)
+    found: dict[Group, list[tuple[str, nn.Module]]] = {}
+    embedding_ids = {id(m) for m in embeddings}
+    for name, module in model.named_modules():
+        if id(module) in embedding_ids:
+            group = Group(kind="embeddings")
+        elif module is head and isinstance(module, nn.Linear):
+            group = Group(kind="embeddings" if tied else "lm_head")
+        elif isinstance(module, nn.Linear):
+            group = linear_group(name)
+        else:
+            continue
+        found.setdefault(group, []).append((name, module))
+    return dict(sorted(found.items(), key=lambda item: item[0].sort_key))
+
+
+def _missing(selector: str, groups: list[Group], model: nn.Module) -> str:
+    """Why a rule selects nothing, in a phrase."""
+    parsed = Selector.parse(selector)
+    if parsed.kind == "lm_head" and any(g.kind == "embeddings" for g in groups) and model.get_output_embeddings():
+        return ("this model ties its LM head to the word embeddings (one tensor): set embeddings=BITS for both")
+    layers = {s: sorted({g.layer for g in groups if g.stack == s and g.layer >= 0}) for s in STACKS}
+    have = "; ".join(f"{s} layers {v[0]}-{v[-1]}" for s, v in layers.items() if v) or "no layers"
+    kinds = sorted({g.kind for g in groups})
+    return f"this model has {have}, and parts {', '.join(kinds)}"
+
+
+def check_rules(model: nn.Module, spec: QuantSpec) -> None:
+    """A UserError for a rule that selects no weight of this model."""
+    groups = list(weight_groups(model))
+    for selector, bits in spec.rules:
+        if not any(Selector.parse(selector).matches(g) for g in groups):
+            raise UserError(f"--bits rule {selector}={bits} selects nothing: {_missing(selector, groups, model)}")
+
+
+def bits_by_group(model: nn.Module, spec: QuantSpec) -> dict[Group, int]:
+    """The bits of every group under `spec` (rules checked against the model first)."""
+    check_rules(model, spec)
+    return {group: spec.bits_of(group) for group in weight_groups(model)}

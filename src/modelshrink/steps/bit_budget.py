@@ -1,0 +1,101 @@
+"""`quantize --budget-mb` inside the step: the calibration objective of each kind of model, and the plan made (or,
+resuming, read back) before training. The measurement and the allocation are `quant/budget.py`'s."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from modelshrink.options.quantize import QuantizeOptions
+from modelshrink.quant.budget import (MB, PLAN_NAME, Plan, apply_plan, batched, calibration_rows, check_budget_spec,
+                                      parse_candidates, plan_bits, smallest_bytes)
+from modelshrink.quant.modules import quantize_model
+from modelshrink.quant.spec import QuantSpec
+
+Objective = tuple[list[Any], Callable[[Any], Any], Callable[[Any, Any, Any], torch.Tensor]]
+
+
+def _on(batch: dict[str, Any], device: Any) -> dict[str, Any]:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def seq2seq_objective(rows: list[Any], tokenizer: Any, teacher: Any, max_source_length: int, max_target_length: int,
+                      batch_size: int, device: Any) -> Objective:
+    """(batches, teacher logits of a batch, loss of a model on a batch given them): cross-entropy on the reference
+    plus the MSE to the teacher's logits on the target tokens."""
+    from modelshrink import losses
+    from modelshrink.steps.distill import decoder_inputs, make_collate, tokenize_pairs
+
+    collate = make_collate(tokenizer.pad_token_id)
+    tokenized = tokenize_pairs(rows, tokenizer, max_source_length, max_target_length)
+    batches = [_on(collate(chunk), device) for chunk in batched(tokenized, batch_size)]
+
+    def logits(model: Any, batch: dict[str, Any]) -> torch.Tensor:
+        return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                     decoder_input_ids=decoder_inputs(model, batch["labels"]), use_cache=False).logits
+
+    def loss(model: Any, batch: dict[str, Any], target: torch.Tensor) -> torch.Tensor:
+        out = logits(model, batch)
+        return (losses.label_smoothed_cross_entropy(out, batch["labels"])
+                + losses.kd_mse(out, target, (batch["labels"] != -100).long()))
+
+    return batches, lambda batch: logits(teacher, batch), loss
+
+
+def classifier_objective(examples: list[dict[str, Any]], pad_id: int, teacher: Any, batch_size: int,
+                         device: Any) -> Objective:
+    """The same for a classifier: the task loss (cross-entropy, or MSE for regression) plus the logits' MSE."""
+    from modelshrink.classify import make_collate
+
+    collate = make_collate(pad_id)
+    batches = [_on(collate(chunk), device) for chunk in batched(examples, batch_size)]
+
+    def logits(model: Any, batch: dict[str, Any]) -> torch.Tensor:
+        return model(**{k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}).logits
+
+    def loss(model: Any, batch: dict[str, Any], target: torch.Tensor) -> torch.Tensor:
+        out = logits(model, batch).float()
+        if out.shape[-1] == 1:
+            task = torch.nn.functional.mse_loss(out.squeeze(-1), batch["labels"].float())
+        else:
+            task = torch.nn.functional.cross_entropy(out, batch["labels"])
+        return task + (out - target.float()).pow(2).mean()
+
+    return batches, lambda batch: logits(teacher, batch), loss
+
+
+def quantize_within_budget(options: QuantizeOptions, student: Any, objective: Callable[[list[Any]], Objective],
+                           rows: list[Any], staging: Path | None, log: Callable[[str], None],
+                           accelerator: Any = None) -> tuple[QuantSpec, Plan, dict[str, int]]:
+    """Quantize `student` in place with the bits a plan gives it: read back from `staging` (a resumed run) or made
+    now by measuring on a seeded sample of `rows`. Returns (the spec the plan amounts to, the plan, counts).
+    Under a launcher the main process plans and every other one takes its plan, so all train the same bits."""
+    spec = options.spec
+    check_budget_spec(spec)
+    candidates = parse_candidates(options.candidate_bits)
+    counts = quantize_model(student, spec)
+    budget = int(options.budget_mb * MB)
+    smallest_bytes(student, spec, budget, candidates)  # a budget too small fails first, on every process alike
+    saved = staging / PLAN_NAME if staging is not None else None
+    shared = accelerator is not None and accelerator.num_processes > 1
+    plan = None
+    if saved is not None and saved.is_file():
+        plan = Plan.load(saved)
+        log(f"bit plan read back from the interrupted run ({plan.predicted_bytes / MB:.3f} MB)")
+    elif not shared or accelerator.is_main_process:
+        sample = calibration_rows(rows, options.calibration_examples, options.seed)
+        batches, teacher_out, loss = objective(sample)
+        log(f"measuring the sensitivity of each layer group at {', '.join(map(str, candidates))} bits on "
+            f"{len(sample)} calibration examples")
+        plan = plan_bits(student, spec, budget, candidates, batches, teacher_out, loss, len(sample))
+        for line in plan.table():
+            log(line)
+    if shared:
+        from accelerate.utils import broadcast_object_list
+
+        plan = Plan(**broadcast_object_list([asdict(plan) if plan is not None else None])[0])
+    apply_plan(student, plan)
+    return spec.with_rules(plan.rules), plan, counts

@@ -1,0 +1,312 @@
+"""Issue 55: bits where they matter. `--bits W-E-A,RULES` gives parts of the model their own bits, recorded and
+replayed; `--budget-mb` chooses each layer group's bits from measured sensitivity, never over the budget; the
+artifact's size is the plan's prediction; export keeps each layer's own codes; bad input is one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from conftest import DOCUMENTS, SUMMARIES, build, translator, write_jsonl
+from modelshrink.artifacts import read_manifest
+from modelshrink.cli import app
+from modelshrink.errors import UserError
+from modelshrink.quant.budget import PLAN_NAME, allocate, parse_candidates
+from modelshrink.quant.groups import weight_groups
+from modelshrink.quant.model import WEIGHTS_NAME, load_quantized, predicted_bytes, save_quantized
+from modelshrink.quant.modules import latent_weights, quantize_model
+from modelshrink.quant.spec import Group, parse_bits
+from modelshrink.steps.quantize import QuantizeOptions, quantize
+
+runner = CliRunner()
+
+
+def _pairs(tmp_path: Path, count: int = len(DOCUMENTS)) -> Path:
+    rows = [{"id": i, "document": d, "summary": s} for i, (d, s) in enumerate(zip(DOCUMENTS, SUMMARIES))]
+    return write_jsonl(tmp_path / "pairs.jsonl", rows[:count])
+
+
+# ---------------------------------------------------------------- the rules
+
+def test_rules_parse_and_the_last_rule_that_selects_a_group_wins():
+    spec = parse_bits("2-2-8, cross_attention=8, decoder.ffn=4, decoder.1=3, lm_head=4")
+    assert spec.base_label == "2-2-8" and spec.mixed
+    assert spec.label == "2-2-8,cross_attention=8,decoder.ffn=4,decoder.1=3,lm_head=4"
+    assert spec.bits_of(Group("encoder", 0, "attention")) == 2  # W
+    assert spec.bits_of(Group("decoder", 0, "cross_attention")) == 8
+    assert spec.bits_of(Group("decoder", 0, "ffn")) == 4
+    assert spec.bits_of(Group("decoder", 1, "cross_attention")) == 3  # decoder.1 comes after cross_attention
+    assert spec.bits_of(Group(kind="embeddings")) == 2 and spec.bits_of(Group(kind="lm_head")) == 4
+    assert parse_bits(spec.label) == spec  # the label is what the manifest replays
+    assert not parse_bits("8-8-8").mixed and parse_bits("8-8-8").label == "8-8-8"
+
+
+@pytest.mark.parametrize("bits, message", [
+    ("2-2-8,cross_attention", "is not a rule"),
+    ("2-2-8,ffn=9", "asks for 9 bits; weights take 2 (ternary) to 8"),
+    ("2-2-8,ffn=1", "asks for 1 bits"),
+    ("2-2-8,3.ffn=4", "a layer number follows a stack"),
+    ("2-2-8,decoder.lm_head=4", "lm_head is outside the layers"),
+    ("2-2-8,mlp=4", "a selector is [encoder|decoder][.LAYER][.KIND]"),
+    ("2-2-8,decoder.ffn.x=4", "a selector is"),
+])
+def test_bad_rules_are_one_line(bits, message):
+    with pytest.raises(UserError) as error:
+        parse_bits(bits)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def _translator_model(family: str, tmp_path: Path):
+    from transformers import AutoModelForSeq2SeqLM
+
+    return AutoModelForSeq2SeqLM.from_pretrained(translator(family, tmp_path / family))
+
+
+@pytest.mark.parametrize("family", ["bart", "t5", "bert2bert", "marian", "mbart", "m2m_100", "bert", "distilbert"])
+def test_every_family_groups_its_weights_by_layer_and_kind(family, tmp_path):
+    from transformers import (BertConfig, BertForSequenceClassification, DistilBertConfig,
+                              DistilBertForSequenceClassification)
+
+    if family in ("bart", "t5", "bert2bert"):
+        model, _ = build(family)
+    elif family == "bert":
+        model = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
+                                                         num_attention_heads=2, intermediate_size=32))
+    elif family == "distilbert":
+        model = DistilBertForSequenceClassification(DistilBertConfig(vocab_size=50, dim=16, n_layers=2, n_heads=2,
+                                                                     hidden_dim=32))
+    else:
+        model = _translator_model(family, tmp_path)
+    groups = {g.name: modules for g, modules in weight_groups(model).items()}
+    seq2seq = family not in ("bert", "distilbert")
+    expected = {f"encoder.{i}.{k}" for i in range(2) for k in ("attention", "ffn")} | {"embeddings"}
+    if seq2seq:
+        expected |= {f"decoder.{i}.{k}" for i in range(2) for k in ("attention", "cross_attention", "ffn")}
+    assert expected <= set(groups)
+    assert set(groups) - expected <= {"head", "decoder.other"}  # a classifier's head; bert2bert's LM transform
+    # every linear and word embedding is in exactly one group; attention groups hold q, k, v and the output
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    grouped = [n for modules in groups.values() for n, m in modules if isinstance(m, torch.nn.Linear)]
+    assert sorted(linears) == sorted(grouped)
+    assert all(len(groups[f"encoder.{i}.attention"]) == 4 for i in range(2))
+    if seq2seq:
+        assert all(len(groups[f"decoder.{i}.cross_attention"]) == 4 for i in range(2))
+
+
+def test_a_mixed_map_is_stored_reloaded_exactly_and_recorded(saved_models, tmp_path):
+    bits = "2-2-8,cross_attention=8,decoder.1.ffn=4,encoder.0=3"
+    out = quantize(QuantizeOptions(model=str(saved_models["bart"]), bits=bits, method="direct", device="cpu"),
+                   tmp_path / "q")
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert config["format_version"] == 2 and config["bits"] == bits
+    assert config["groups"]["decoder.0.cross_attention"] == 8 and config["groups"]["decoder.1.ffn"] == 4
+    assert config["groups"]["decoder.0.ffn"] == 2 and config["groups"]["encoder.0.attention"] == 3
+    for name, info in config["tensors"].items():  # each tensor's own width, as its group's
+        expected = (8 if "encoder_attn" in name else 4 if "decoder.layers.1.fc" in name
+                    else 3 if "encoder.layers.0." in name else 2)
+        assert info["bits"] == expected, name
+    # the reloaded model computes exactly what the quantized model computed
+    reference, tok = build("bart")
+    reference = type(reference).from_pretrained(saved_models["bart"]).eval()
+    quantize_model(reference, parse_bits(bits))
+    model = load_quantized(out)
+    enc = tok(["the quick brown fox", "a small library of things"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        args = dict(**enc, decoder_input_ids=torch.tensor([[3, 4, 5], [3, 6, 7]]))
+        assert torch.equal(model(**args).logits, reference.eval()(**args).logits)
+    assert read_manifest(out)["options"]["bits"] == bits  # replayed by --config / the manifest
+    # a uniform artifact stays format 1 (readers from before per-layer bits read it as ever)
+    uniform = quantize(QuantizeOptions(model=str(saved_models["bart"]), bits="2-2-8", method="direct", device="cpu"),
+                       tmp_path / "u")
+    assert "format_version" not in json.loads((uniform / "config.json").read_text())["quantization_config"]
+
+
+def test_a_newer_format_is_refused_in_one_line_not_misread(saved_models, tmp_path):
+    out = quantize(QuantizeOptions(model=str(saved_models["t5"]), bits="4-4-8,decoder=8", method="direct",
+                                   device="cpu"), tmp_path / "q")
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"]["format_version"] = 3
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="format 3, written by a newer modelshrink; this one reads formats up to 2"):
+        load_quantized(out)
+    result = runner.invoke(app, ["eval", str(out), str(_pairs(tmp_path)), "-o", str(tmp_path / "e")])
+    assert result.exit_code == 1 and "written by a newer modelshrink" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("family, bits, message", [
+    ("bart", "2-2-8,decoder.5=4", "selects nothing: this model has encoder layers 0-1; decoder layers 0-1"),
+    ("bart", "2-2-8,lm_head=4", "ties its LM head to the word embeddings"),
+    ("bart", "2-2-8,head=4", "selects nothing"),
+])
+def test_rules_the_model_cannot_take_are_one_line(saved_models, tmp_path, family, bits, message):
+    result = runner.invoke(app, ["quantize", str(saved_models[family]), "--bits", bits, "--method", "direct",
+                                 "--device", "cpu", "-o", str(tmp_path / "q")])
+    assert result.exit_code == 1 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "q").exists()
+
+
+def test_export_keeps_each_layer_in_its_own_bits(plain_models, tmp_path):
+    bits = "2-2-8,cross_attention=8,decoder.ffn=4"
+    quantized = quantize(QuantizeOptions(model=str(plain_models["bart"]), bits=bits, method="direct", device="cpu"),
+                         tmp_path / "q")
+    out = tmp_path / "onnx"
+    result = runner.invoke(app, ["export", str(quantized), "-o", str(out), "--kernel", "nbits", "--samples", "3",
+                                 "--generation-docs", "2"])
+    assert result.exit_code == 0, result.output
+    manifest = read_manifest(out)
+    assert manifest["metrics"]["passed"] is True and manifest["resolved"]["quantized_artifact"] == bits
+    assert manifest["resolved"]["weights"].startswith("quantized: 2 and 4 and 8-bit codes")
+    report = json.loads((out / "export_report.json").read_text())
+    decoder = next(v for k, v in report["storage"].items() if k.startswith("decoder"))
+    assert sorted(decoder["low_bit_widths"]) == [2, 4, 8]
+
+
+# ---------------------------------------------------------------- the budget
+
+def test_allocation_is_the_optimum_of_the_knapsack():
+    """Against brute force on random small problems: the least summed sensitivity within the capacity."""
+    rng = random.Random(0)
+    for _ in range(40):
+        groups = [Group("encoder", i, "ffn") for i in range(rng.randint(1, 5))]
+        extra = {g: {2: 0, 4: rng.randint(1, 50), 8: 0} for g in groups}
+        for g in groups:
+            extra[g][8] = extra[g][4] + rng.randint(1, 80)
+        sensitivity = {g: {8: 0.0, 4: rng.random(), 2: 0.0} for g in groups}
+        for g in groups:
+            sensitivity[g][2] = sensitivity[g][4] + rng.random() * 3
+        capacity = rng.randint(0, sum(e[8] for e in extra.values()))
+        chosen = allocate(extra, sensitivity, capacity)
+        assert sum(extra[g][b] for g, b in chosen.items()) <= capacity
+        best = min(sum(sensitivity[g][b] for g, b in zip(groups, combo))
+                   for combo in itertools.product((2, 4, 8), repeat=len(groups))
+                   if sum(extra[g][b] for g, b in zip(groups, combo)) <= capacity)
+        assert sum(sensitivity[g][b] for g, b in chosen.items()) == pytest.approx(best)
+
+
+def test_candidate_bits_parse():
+    assert parse_candidates("8,2,4") == (2, 4, 8)
+    for bad in ("8", "2,9", "a,b", ""):
+        with pytest.raises(UserError, match="--candidate-bits takes two or more widths"):
+            parse_candidates(bad)
+
+
+def test_the_predicted_size_is_the_written_size_for_every_map(saved_models, tmp_path):
+    model, tok = build("t5")
+    quantize_model(model, parse_bits("2-2-8,decoder.0=8,encoder.ffn=4,embeddings=3"))
+    predicted = predicted_bytes(model)
+    save_quantized(model, tok, tmp_path / "q", parse_bits("2-2-8,decoder.0=8,encoder.ffn=4,embeddings=3"))
+    assert (tmp_path / "q" / WEIGHTS_NAME).stat().st_size == predicted
+    assert {info[1] for info in latent_weights(model).values()} == {2, 3, 4, 8}
+
+
+def test_a_budget_plans_measures_and_never_exceeds(saved_models, tmp_path):
+    pairs = _pairs(tmp_path)
+    common = dict(model=str(saved_models["bart"]), data=str(pairs), device="cpu", max_steps=2, batch_size=4,
+                  calibration_examples=8, budget_mb=0.065)
+    lines: list[str] = []
+    out = quantize(QuantizeOptions(**common), tmp_path / "b", log=lines.append)
+    manifest = read_manifest(out)
+    plan = manifest["metrics"]["bit_plan"]
+    written = (out / WEIGHTS_NAME).stat().st_size
+    assert written == plan["written_bytes"] == plan["predicted_bytes"] <= 65_000 == plan["budget_bytes"]
+    assert plan["smallest_bytes"] < written and "sensitivity_share_of_training" in plan
+    assert len(set(plan["bits"].values())) > 1  # a real mix at this budget
+    saved = json.loads((out / PLAN_NAME).read_text())  # beside the artifact: bits, bytes, sensitivity per group
+    assert {k: v["bits"] for k, v in saved["groups"].items()} == plan["bits"]
+    assert all(v["sensitivity"]["2"] >= v["sensitivity"]["4"] >= v["sensitivity"]["8"] == 0
+               for v in saved["groups"].values())
+    # the plan is printed before training, and is in the card
+    assert any(line.startswith("bit plan: ") for line in lines) and any("decoder.1.cross_attention" in line
+                                                                        for line in lines)
+    assert "## Bits by layer group (--budget-mb)" in (out / "README.md").read_text()
+    # each tensor is stored at its group's bits
+    stored = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert stored["groups"] == plan["bits"]
+    # a larger budget buys more bits, never fewer (the same measurement: no training needed to see it)
+    larger = quantize(QuantizeOptions(**{**common, "budget_mb": 0.08, "max_steps": 0}), tmp_path / "b3")
+    more = read_manifest(larger)["metrics"]["bit_plan"]
+    assert more["predicted_bytes"] > written and sum(more["bits"].values()) >= sum(plan["bits"].values())
+
+
+def test_a_budget_for_a_classifier_and_for_direct_quantization(classifier_path, saved_models, tmp_path):
+    rows = [{"text": d, "label": i % 2} for i, d in enumerate(DOCUMENTS)]
+    data = write_jsonl(tmp_path / "labels.jsonl", rows)
+    sizes = [(quantize(QuantizeOptions(model=str(classifier_path), bits=bits, method="direct", device="cpu"),
+                       tmp_path / bits) / WEIGHTS_NAME).stat().st_size for bits in ("2-2-8", "8-8-8")]
+    budget = sum(sizes) / 2 / 1e6  # between the smallest and the widest
+    out = quantize(QuantizeOptions(model=str(classifier_path), data=str(data), device="cpu", max_steps=1,
+                                   batch_size=4, budget_mb=budget, calibration_examples=8), tmp_path / "c")
+    plan = read_manifest(out)["metrics"]["bit_plan"]
+    assert plan["written_bytes"] == plan["predicted_bytes"] <= budget * 1e6
+    assert "head" in plan["bits"] and "encoder.0.ffn" in plan["bits"]
+    direct = quantize(QuantizeOptions(model=str(saved_models["t5"]), data=str(_pairs(tmp_path)), method="direct",
+                                      device="cpu", budget_mb=0.07, calibration_examples=4), tmp_path / "d")
+    plan = read_manifest(direct)["metrics"]["bit_plan"]
+    assert plan["written_bytes"] == plan["predicted_bytes"] <= 70_000
+    assert (direct / PLAN_NAME).is_file()
+
+
+def test_a_resumed_budget_run_reads_its_plan_back(saved_models, tmp_path):
+    calls = []
+
+    def interrupt(entry):  # Ctrl-C after the first logged step: the checkpoint of step 2 is on disk
+        calls.append(entry)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+
+    pairs = _pairs(tmp_path)
+    options = QuantizeOptions(model=str(saved_models["bart"]), data=str(pairs), device="cpu", max_steps=4,
+                              batch_size=4, save_every=2, log_every=1, calibration_examples=8, budget_mb=0.065)
+    with pytest.raises(KeyboardInterrupt):
+        quantize(options, tmp_path / "r", progress=interrupt)
+    lines: list[str] = []
+    out = quantize(options, tmp_path / "r", resume=True, log=lines.append)
+    assert any("bit plan read back" in line for line in lines)
+    assert not any("measuring the sensitivity" in line for line in lines)
+    # deterministic for a seed: measured again from scratch, the same plan
+    fresh = quantize(dataclasses.replace(options, max_steps=0), tmp_path / "fresh")
+    assert read_manifest(out)["metrics"]["bit_plan"]["bits"] == read_manifest(fresh)["metrics"]["bit_plan"]["bits"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--budget-mb", "0.01"], "is below the smallest this model can be stored: 0.0"),
+    (["--budget-mb", "0.07", "--bits", "2-2-8"], "--bits 2-2-8 sets every weight's bits, and --budget-mb chooses"),
+    (["--budget-mb", "0"], "--budget-mb must be > 0"),
+    (["--budget-mb", "0.07", "--candidate-bits", "4"], "--candidate-bits takes two or more widths"),
+    (["--candidate-bits", "2,4"], "--candidate-bits goes with --budget-mb"),
+])
+def test_bad_budgets_are_one_line(saved_models, tmp_path, args, message):
+    pairs = _pairs(tmp_path)
+    result = runner.invoke(app, ["quantize", str(saved_models["bart"]), "--data", str(pairs), "--max-steps", "1",
+                                 "--device", "cpu", "-o", str(tmp_path / "q"), *args])
+    assert result.exit_code == 1 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_budget_needs_data(saved_models, tmp_path):
+    result = runner.invoke(app, ["quantize", str(saved_models["bart"]), "--method", "direct", "--budget-mb", "1",
+                                 "--device", "cpu", "-o", str(tmp_path / "q")])
+    assert result.exit_code == 1 and "--budget-mb measures each layer's sensitivity on examples: give --data" \
+        in result.stderr
+
+
+def test_the_budget_recipe_is_a_valid_config(tmp_path, monkeypatch):
+    """recipes/budget-20mb.toml parses into the QuantizeOptions it says (through the command line's --config)."""
+    import modelshrink.steps.quantize as step
+
+    seen = []
+    monkeypatch.setattr(step, "quantize", lambda options, output, **kwargs: seen.append(options) or Path(output))
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "budget-20mb.toml"
+    result = runner.invoke(app, ["quantize", "teacher", "-o", str(tmp_path / "q"), "--data", "train.jsonl",
+                                 "--config", str(recipe)])
+    assert result.exit_code == 0, result.output
+    options, = seen
+    assert options.budget_mb == 20.0 and options.spec.rules == (("embeddings", 8),) and options.epochs == 3
