@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
-from modelshrink.commands._common import DocsProgress, emit, handle_errors, log
+from modelshrink.commands._common import DocsProgress, emit, handle_errors, log, main_process
 from modelshrink.commands._from_options import OUTPUT, OVERWRITE, QUIET, RESUME, from_options
 from modelshrink.options.contrastive import ContrastiveOptions
 
@@ -50,7 +48,7 @@ def contrastive_command(options: ContrastiveOptions, output, resume: bool, overw
     """
     from modelshrink.steps.contrastive import contrastive
 
-    main = os.environ.get("RANK", "0") == "0"
+    main = main_process()
     with handle_errors(output), DocsProgress(quiet) as bars:
         path = contrastive(options, output, overwrite=overwrite, resume=resume,
                            progress=bars.train_task("contrastive"), log=log if main else (lambda m: None))

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
-from modelshrink.commands._common import DocsProgress, emit, handle_errors, log
+from modelshrink.commands._common import DocsProgress, emit, handle_errors, log, main_process
 from modelshrink.commands._from_options import OUTPUT, OVERWRITE, QUIET, RESUME, from_options
 from modelshrink.options.distill import DistillOptions
 
@@ -52,7 +50,7 @@ def distill_command(options: DistillOptions, output, resume: bool, overwrite: bo
     """
     from modelshrink.steps.distill import distill
 
-    main = os.environ.get("RANK", "0") == "0"
+    main = main_process()
     with handle_errors(output), DocsProgress(quiet) as bars:
         path = distill(options, output, overwrite=overwrite, resume=resume, progress=bars.train_task("distill"),
                        log=log if main else (lambda m: None))

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
-from modelshrink.commands._common import DocsProgress, emit, handle_errors, log
+from modelshrink.commands._common import DocsProgress, emit, handle_errors, log, main_process
 from modelshrink.commands._from_options import OUTPUT, OVERWRITE, QUIET, RESUME, from_options
 from modelshrink.options.quantize import QuantizeOptions
 
@@ -45,7 +43,7 @@ def quantize_command(options: QuantizeOptions, output, resume: bool, overwrite: 
     """
     from modelshrink.steps.quantize import quantize
 
-    main = os.environ.get("RANK", "0") == "0"
+    main = main_process()
     with handle_errors(output), DocsProgress(quiet) as bars:
         path = quantize(options, output, overwrite=overwrite, resume=resume,
                         progress=bars.train_task(f"quantize {options.bits}"), log=log if main else (lambda m: None))
