@@ -11,8 +11,9 @@ import pytest
 from rouge_score import rouge_scorer
 
 from modelshrink.metrics.glue import GLUE_CONVENTIONS, classification_metrics, regression_metrics
-from modelshrink.metrics.rouge import (ROUGE_KEYS, ROUGE_SETTINGS, limited_length_recall_per_document,
-                                       rouge_per_document, split_sentences)
+from modelshrink.metrics.names import ROUGE_METRICS
+from modelshrink.metrics.rouge import (ROUGE_SETTINGS, limited_length_recall_per_document, rouge_per_document,
+                                       split_sentences)
 from modelshrink.metrics.stats import SIGNIFICANCE_METHODS, bootstrap_ci, paired_test
 from modelshrink.metrics.style import copy_bias, leading_bias, length_words, ngrams, novel_ngrams, words
 
@@ -46,15 +47,15 @@ def test_split_sentences(text, expected):
 def test_rouge_matches_rouge_score():
     predictions, references = zip(*PAIRS)
     scores = rouge_per_document(list(predictions), list(references))
-    scorer = rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_METRICS), use_stemmer=True)
     for i, (prediction, reference) in enumerate(PAIRS):
         direct = scorer.score(reference, prediction)
         for key in ("rouge1", "rouge2", "rougeL"):
             assert scores[key][i] == pytest.approx(100 * direct[key].fmeasure, abs=1e-9), (key, i)
         lsum = scorer.score("\n".join(split_sentences(reference)), "\n".join(split_sentences(prediction)))
         assert scores["rougeLsum"][i] == pytest.approx(100 * lsum["rougeLsum"].fmeasure, abs=1e-9), i
-    assert set(scores) == set(ROUGE_KEYS)
-    assert all(scores[key][3] == 0.0 for key in ROUGE_KEYS)  # the empty prediction
+    assert set(scores) == set(ROUGE_METRICS)
+    assert all(scores[key][3] == 0.0 for key in ROUGE_METRICS)  # the empty prediction
     # Sentence splitting changes rougeLsum: one unsplit line would give rougeLsum == rougeL.
     assert scores["rougeLsum"][0] != pytest.approx(scores["rougeL"][0])
 

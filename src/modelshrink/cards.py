@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from modelshrink.artifacts import CARD_NAME
+from modelshrink.metrics.names import RESULT_METRICS
 
 # model types that only translate; mBART and the others are told apart by their data (source/target pairs)
 TRANSLATION_TYPES = ("marian", "m2m_100")
@@ -28,11 +29,6 @@ METHOD_TAGS = {"distill": ["distillation"], "quantize": ["quantization", "dq-bar
                "warmstart": ["warm-start"]}
 # where each step's model came from, in order of preference
 BASE_OPTIONS = ("teacher", "init_encoder_decoder", "student", "model")
-# eval's metric keys -> (the Hub's metric type, its display name)
-RESULT_METRICS = {"rouge1": ("rouge", "ROUGE-1"), "rouge2": ("rouge", "ROUGE-2"), "rougeL": ("rouge", "ROUGE-L"),
-                  "rougeLsum": ("rouge", "ROUGE-Lsum"), "bleu": ("sacrebleu", "BLEU"), "chrf": ("chrf", "chrF"),
-                  "accuracy": ("accuracy", "Accuracy"), "f1": ("f1", "F1"), "mcc": ("matthews_correlation", "MCC"),
-                  "pearson": ("pearsonr", "Pearson"), "spearman": ("spearmanr", "Spearman")}
 
 
 def _pipeline_tag(config: dict[str, Any], options: dict[str, Any]) -> str:

@@ -9,12 +9,12 @@ from typing import Any, Callable
 
 from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
 from modelshrink.errors import UserError
-from modelshrink.metrics.rouge import ROUGE_KEYS
+from modelshrink.metrics.names import CLASSIFICATION_METRICS, REGRESSION_METRICS, ROUGE_METRICS
 from modelshrink.predictions import eval_rows
 from modelshrink.scoring import paired_keys, paired_tests
 
-QUALITY = {"summarization": list(ROUGE_KEYS), "classification": ["accuracy", "f1", "mcc"],
-           "regression": ["pearson", "spearman"]}
+QUALITY = {"summarization": list(ROUGE_METRICS), "classification": list(CLASSIFICATION_METRICS),
+           "regression": list(REGRESSION_METRICS)}
 PLOTTED = {"summarization": "rougeL", "classification": "accuracy", "regression": "pearson"}
 
 

@@ -17,6 +17,7 @@ from modelshrink.artifacts import read_manifest
 from modelshrink.data import unique_keys
 from modelshrink.errors import UserError
 from modelshrink.metrics import glue, rouge, stats, style, translation
+from modelshrink.metrics.names import ROUGE_METRICS, TRANSLATION_METRICS
 from modelshrink.options.eval import EvalOptions
 from modelshrink.predictions import eval_rows, paired_predictions
 
@@ -44,9 +45,9 @@ def score_summaries(rows: list[dict[str, Any]], options: EvalOptions, tokenizer:
     references = [r["reference"] for r in rows]
     per_doc = rouge.rouge_per_document(predictions, references)
     metrics: dict[str, Any] = {"task": "summarization", "documents": len(rows)}
-    for key in rouge.ROUGE_KEYS:
+    for key in ROUGE_METRICS:
         metrics[key] = _mean(per_doc[key])
-    metrics["ci95"] = {key: _ci(per_doc[key], options) for key in rouge.ROUGE_KEYS}
+    metrics["ci95"] = {key: _ci(per_doc[key], options) for key in ROUGE_METRICS}
     for row, scores in zip(rows, document_scores(per_doc)):
         row["scores"] = scores
     empty = sum(1 for p in predictions if not p.strip())
@@ -128,7 +129,7 @@ def score_labels(rows: list[dict[str, Any]], task: str) -> dict[str, Any]:
 
 def paired_keys(task: str, row: dict[str, Any]) -> list[str]:
     """The per-document scores two systems are compared on: ROUGE for summaries, else the row's own."""
-    return list(rouge.ROUGE_KEYS) if task == "summarization" else list(row["scores"])
+    return list(ROUGE_METRICS) if task == "summarization" else list(row["scores"])
 
 
 def paired_corpus_tests(rows: list[dict[str, Any]], other: list[dict[str, Any]], method: str, resamples: int,
@@ -136,7 +137,7 @@ def paired_corpus_tests(rows: list[dict[str, Any]], other: list[dict[str, Any]],
     """Per corpus metric (BLEU, chrF): p of the paired test on the sentences' statistics, the difference of the
     corpus scores and `other`'s corpus score."""
     result: dict[str, dict[str, Any]] = {"p": {}, "delta": {}, "other_scores": {}}
-    for key in translation.METRICS:
+    for key in TRANSLATION_METRICS:
         a = np.array([r["statistics"][key] for r in rows], dtype=np.int64)
         b = np.array([r["statistics"][key] for r in other], dtype=np.int64)
         mine, theirs = (translation.corpus_scores({key: x})[key] for x in (a, b))
@@ -163,8 +164,8 @@ def paired_tests(rows: list[dict[str, Any]], other: list[dict[str, Any]], keys: 
 def document_scores(per_doc: dict[str, Any]) -> list[dict[str, float]]:
     """Each document's ROUGE, rounded as predictions.jsonl stores it. Both sides of a paired test
     go through here, so a system compared with itself has identical scores (p = 1)."""
-    count = len(per_doc[rouge.ROUGE_KEYS[0]])
-    return [{key: round(float(per_doc[key][i]), 4) for key in rouge.ROUGE_KEYS} for i in range(count)]
+    count = len(per_doc[ROUGE_METRICS[0]])
+    return [{key: round(float(per_doc[key][i]), 4) for key in ROUGE_METRICS} for i in range(count)]
 
 
 def against(rows: list[dict[str, Any]], task: str, options: EvalOptions) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import typer
 
 from modelshrink.commands._common import DocsProgress, emit, fail, handle_errors, log, print_comparison, stderr_console
 from modelshrink.commands._from_options import OUTPUT, OVERWRITE, QUIET, RESUME, build_options, from_options, param
+from modelshrink.metrics.names import ALL_METRICS
 from modelshrink.options.eval import SCORE, EvalOptions
 
 EPILOG = """\
@@ -47,8 +48,7 @@ def _print_table(metrics: dict[str, Any]) -> None:
     table.add_column("value", justify="right")
     table.add_column("95% CI / note")
     against = metrics.get("against", {})
-    for key in ("rouge1", "rouge2", "rougeL", "rougeLsum", "bleu", "chrf", "accuracy", "f1", "mcc", "pearson",
-                "spearman"):
+    for key in ALL_METRICS:
         if key in metrics:
             note = ""
             if key in metrics.get("ci95", {}):

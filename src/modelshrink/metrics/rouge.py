@@ -12,7 +12,7 @@ from importlib.metadata import version
 import numpy as np
 from rouge_score import rouge_scorer
 
-ROUGE_KEYS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+from modelshrink.metrics.names import ROUGE_METRICS
 
 # Closing quotes and brackets that may sit between the end mark and the whitespace: `He said "no."`
 _SENTENCE_END = re.compile(r"""([.!?]["'”’»)\]}]*)\s+""")
@@ -53,9 +53,9 @@ def rouge_per_document(predictions: list[str], references: list[str]) -> dict[st
     _check_lengths(predictions, references)
     # Two scorers rather than one with all four keys: rouge-score computes each key independently,
     # so the numbers are the same, and each text is tokenized once per scorer instead of twice.
-    plain = rouge_scorer.RougeScorer(list(ROUGE_KEYS[:3]), use_stemmer=True)
+    plain = rouge_scorer.RougeScorer(list(ROUGE_METRICS[:3]), use_stemmer=True)
     lsum = rouge_scorer.RougeScorer(["rougeLsum"], use_stemmer=True)
-    scores = {key: np.zeros(len(predictions)) for key in ROUGE_KEYS}
+    scores = {key: np.zeros(len(predictions)) for key in ROUGE_METRICS}
     for i, (prediction, reference) in enumerate(zip(predictions, references)):
         for key, score in plain.score(reference, prediction).items():
             scores[key][i] = 100.0 * score.fmeasure
@@ -72,7 +72,7 @@ def limited_length_recall_per_document(predictions: list[str], references: list[
     words as its reference has.
     """
     _check_lengths(predictions, references)
-    keys = ROUGE_KEYS[:3]
+    keys = ROUGE_METRICS[:3]
     scorer = rouge_scorer.RougeScorer(list(keys), use_stemmer=True)
     scores = {key: np.zeros(len(predictions)) for key in keys}
     for i, (prediction, reference) in enumerate(zip(predictions, references)):

@@ -16,8 +16,6 @@ import numpy as np
 
 from modelshrink.metrics.stats import SIGNIFICANCE_METHODS
 
-METRICS = ("bleu", "chrf")
-
 
 def _scorers() -> dict[str, Any]:
     from sacrebleu.metrics import BLEU, CHRF

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 from modelshrink.errors import UserError
+from modelshrink.metrics.names import CLASSIFIER_METRICS
 from modelshrink.options import REQUIRED, opt, options_class
 from modelshrink.options.train import DATA, OPT, SPLITS, VAL, TrainOptions
 
 START = "Teacher and student"
 LOSS = "Loss (Eq. 4: α·CE + (1 − α)·KD + β·PT + γ·A-CDL; paper's search ranges in brackets)"
-METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman")
 
 
 @options_class
@@ -65,7 +65,7 @@ class ContrastiveOptions(TrainOptions):
                                  panel=VAL, metavar="DATA")
     eval_limit: int | None = opt(None, "Validation rows used. [default: all]", panel=VAL, min=1)
     metric: str = opt("accuracy", "Keep the checkpoint best by this: accuracy, f1, mcc (pearson, spearman for "
-                                  "regression).", panel=VAL, choices=METRICS)
+                                  "regression).", panel=VAL, choices=CLASSIFIER_METRICS)
     text_column: str | None = opt(None, "Sentence column. [default: auto]", panel=DATA)
     text_pair_column: str | None = opt(None, "Second sentence of a pair.", panel=DATA)
     label_column: str | None = opt(None, "Label column. [default: label]", panel=DATA)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from modelshrink.errors import UserError
+from modelshrink.metrics.names import SEQ2SEQ_METRICS
 from modelshrink.options import REQUIRED, opt, options_class
 from modelshrink.options.generation import GEN
 from modelshrink.options.train import DATA, OPT, SPEED, SPLITS, VAL, TrainOptions
@@ -12,8 +13,6 @@ from modelshrink.options.train import DATA, OPT, SPEED, SPLITS, VAL, TrainOption
 START = "Starting point"
 LOSS = "Losses"
 LOGIT_LOSSES = ("kl", "mse")
-ROUGE_METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
-SEQ2SEQ_METRICS = ROUGE_METRICS + ("bleu", "chrf")  # what validation of generated text reports
 
 
 @options_class

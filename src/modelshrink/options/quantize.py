@@ -6,6 +6,7 @@ from dataclasses import fields
 from typing import Any, ClassVar
 
 from modelshrink.errors import UserError
+from modelshrink.metrics.names import ALL_METRICS
 from modelshrink.options import REQUIRED, opt, options_class
 from modelshrink.options.generation import GEN
 from modelshrink.options.train import DATA, OPT, SPLITS, VAL, TrainOptions
@@ -20,7 +21,6 @@ DIRECT_READS = frozenset({"model", "bits", "method", "granularity", "allow_low_a
 BUDGET_READS = frozenset({"budget_mb", "candidate_bits", "calibration_examples", "data", "split", "text_column",
                           "summary_column", "text_pair_column", "label_column", "limit", "seed", "batch_size",
                           "max_source_length", "max_target_length"})
-METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum", "bleu", "chrf", "accuracy", "f1", "mcc", "pearson", "spearman")
 
 
 @options_class
@@ -64,7 +64,7 @@ class QuantizeOptions(TrainOptions):
                                  panel=VAL, metavar="DATA")
     eval_limit: int | None = opt(200, "Validation rows used.", panel=VAL, min=1)
     metric: str | None = opt(None, "Keep the checkpoint best by this. [default: rouge2 for seq2seq, accuracy for "
-                                   "classifiers, pearson for regression]", panel=VAL, choices=METRICS + (None,))
+                                   "classifiers, pearson for regression]", panel=VAL, choices=ALL_METRICS + (None,))
     num_beams: int | None = opt(None, "Beam size of validation summaries.", panel=GEN, min=1)
     max_length: int | None = opt(None, "Maximum validation summary length in tokens.", panel=GEN, min=1)
     max_source_length: int | None = opt(None, "Truncate documents / sentences to this many tokens.", panel=DATA,

@@ -21,6 +21,7 @@ from modelshrink.ackd import ACKDObjective, feature_layer_pairs, layer_features
 from modelshrink.cards import commit_model
 from modelshrink.errors import UserError
 from modelshrink.families import encoder_layer_count
+from modelshrink.metrics.names import CLASSIFICATION_METRICS
 from modelshrink.options.contrastive import ContrastiveOptions
 from modelshrink.runs import (finished, keep_best, open_run, parent_refs, reproduce_section, save_best_with,
                               start_run, training_metrics, write_validation)
@@ -270,7 +271,7 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     resolved: dict[str, Any] = {"task": task, "layer_map": built["layer_ids"],
                                 "layers_from": None if built["layer_ids"] is None else
                                 ("student" if options.student else "teacher")}
-    if task != "classification" and options.metric in ("accuracy", "f1", "mcc"):
+    if task != "classification" and options.metric in CLASSIFICATION_METRICS:
         options.metric = "pearson"
     distilling = not options.finetune
     contrast = _contrast_labels(options, rows, task, distilling, resolved)

@@ -21,6 +21,7 @@ from modelshrink.data import language_pairs, open_data
 from modelshrink.errors import UserError
 from modelshrink.inference import generate_summaries, predict_labels
 from modelshrink.metrics import rouge
+from modelshrink.metrics.names import ALL_METRICS
 from modelshrink.options.eval import EvalOptions
 from modelshrink.predictions import file_task, labels_from_file, summaries_from_file, text_task
 from modelshrink.scoring import STYLE_SETTINGS, against, score_labels, score_summaries, score_translations
@@ -256,7 +257,7 @@ def _add_to_card(options: EvalOptions, task: str, metrics: dict[str, Any], log: 
 
 
 def _headline(metrics: dict[str, Any]) -> dict[str, Any]:
-    keys = ("task", "documents", *rouge.ROUGE_KEYS, "bleu", "chrf", "accuracy", "f1", "mcc", "pearson", "spearman", "length_words")
+    keys = ("task", "documents", *ALL_METRICS, "length_words")
     head = {k: metrics[k] for k in keys if k in metrics}
     for k in ("parameters", "bytes_on_disk", "compression_ratio", "latency_ms_p50"):
         if k in metrics.get("efficiency", {}):

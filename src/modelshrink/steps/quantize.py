@@ -20,6 +20,7 @@ from typing import Any, Callable
 from modelshrink.artifacts import ArtifactWriter, parent_ref
 from modelshrink.cards import commit_model
 from modelshrink.errors import UserError
+from modelshrink.metrics.names import CLASSIFIER_METRICS, SEQ2SEQ_METRICS
 from modelshrink.options.distill import DistillOptions
 from modelshrink.options.quantize import QuantizeOptions
 from modelshrink.quant.model import save_quantized
@@ -30,8 +31,6 @@ from modelshrink.train import enable_gradient_checkpointing, place_teacher, run_
 
 __all__ = ["QuantizeOptions", "quantize", "storage_metrics"]
 
-ROUGE = ("rouge1", "rouge2", "rougeL", "rougeLsum", "bleu", "chrf")  # what a seq2seq validation reports
-CLASSIFIER_METRICS = ("accuracy", "f1", "mcc", "pearson", "spearman")
 # Options that only a seq2seq model reads, and only a classifier reads.
 SEQ2SEQ_ONLY = ("encoder_layers", "decoder_layers", "summary_column", "num_beams", "max_length", "max_target_length")
 CLASSIFIER_ONLY = ("text_pair_column", "label_column")
@@ -212,7 +211,7 @@ def distillation_settings(options: QuantizeOptions) -> DistillOptions:
     MSE on logits, hidden states and attention."""
     if any(getattr(options, k) for k in CLASSIFIER_ONLY):
         raise UserError("--text-pair-column / --label-column are for classifiers; this is a seq2seq model")
-    if options.metric is not None and options.metric not in ROUGE:
+    if options.metric is not None and options.metric not in SEQ2SEQ_METRICS:
         raise UserError(f"--metric {options.metric} is for classifiers; a seq2seq model is validated by ROUGE, "
                         "BLEU and chrF")
     shrinking = options.encoder_layers or options.decoder_layers
