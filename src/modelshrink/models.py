@@ -176,14 +176,14 @@ def load_seq2seq(spec: str, what: str = "teacher", trust_remote_code: bool = Fal
     weights are refused unless `allow_pickle` (then read with weights_only)."""
     from transformers import AutoModelForSeq2SeqLM, EncoderDecoderModel
 
+    from modelshrink.quant.model import is_quantized, load_quantized
+
     config = load_config(spec, what, trust_remote_code)
     if not getattr(config, "is_encoder_decoder", False):
         raise UserError(f"{what} {spec} is not an encoder-decoder (seq2seq) model: it is {describe(config)}")
     family = family_of(config)
     weights = weights_kwargs(spec, what, allow_pickle)
-    if _quantized(config):
-        from modelshrink.quant.model import load_quantized
-
+    if is_quantized(config):
         model = load_quantized(cached_folder(spec) or spec)
         return model.to(device).eval(), load_tokenizer(spec, what, trust_remote_code, config), family
     loader = EncoderDecoderModel if config.model_type == ENCODER_DECODER_TYPE else AutoModelForSeq2SeqLM
@@ -191,13 +191,6 @@ def load_seq2seq(spec: str, what: str = "teacher", trust_remote_code: bool = Fal
     tokenizer = load_tokenizer(spec, what, trust_remote_code, config)
     model.to(device).eval()
     return model, tokenizer, family
-
-
-def _quantized(config: Any) -> bool:
-    """A modelshrink-quantized artifact (integers on disk), which plain from_pretrained cannot read."""
-    qc = getattr(config, "quantization_config", None)
-    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
-    return method == "modelshrink"
 
 
 def task_of(config: Any) -> str:
@@ -223,13 +216,13 @@ def load_classifier(spec: str, what: str = "model", trust_remote_code: bool = Fa
     (num_labels, id2label, label2id, problem_type); without `new_head` it is refused."""
     from transformers import AutoModelForSequenceClassification
 
+    from modelshrink.quant.model import is_quantized, load_quantized
+
     config = load_config(spec, what, trust_remote_code)
     if getattr(config, "is_encoder_decoder", False):
         raise UserError(f"{what} {spec} is a seq2seq model, not a sequence classifier: it is {describe(config)}")
     weights = weights_kwargs(spec, what, allow_pickle)
-    if _quantized(config):
-        from modelshrink.quant.model import load_quantized
-
+    if is_quantized(config):
         model = load_quantized(cached_folder(spec) or spec)
     else:
         head = {}

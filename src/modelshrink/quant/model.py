@@ -46,10 +46,11 @@ FORMAT_VERSION = 2
 
 
 def is_quantized(config: Any) -> bool:
-    qc = getattr(config, "quantization_config", None)
-    if isinstance(qc, dict):
-        return qc.get("quant_method") == QUANT_METHOD
-    return getattr(qc, "quant_method", None) == QUANT_METHOD
+    """Whether a model is a modelshrink-quantized artifact (integers on disk, which plain `from_pretrained` cannot
+    read), from its config: a transformers config or config.json read as a dict. The one answer every reader asks."""
+    qc = config.get("quantization_config") if isinstance(config, dict) else getattr(config, "quantization_config", None)
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    return method == QUANT_METHOD
 
 
 def _plain_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -171,9 +172,9 @@ def load_quantized(folder: str | os.PathLike) -> torch.nn.Module:
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise UserError(f"cannot load the quantized model from {folder}: config.json is damaged or incomplete "
                         f"({str(e).splitlines()[0]})") from None
-    qc = raw.get("quantization_config") if isinstance(raw, dict) else None
-    if not isinstance(qc, dict) or qc.get("quant_method") != QUANT_METHOD:
+    if not is_quantized(raw):
         raise UserError(f"{folder} is not a modelshrink-quantized model")
+    qc = raw["quantization_config"]
     version = qc.get("format_version", 1)
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise UserError(f"{folder} is a quantized model of format {version}, written by a newer modelshrink; this one "

@@ -33,6 +33,7 @@ from modelshrink.onnx.merge import merge_decoders, store_tied_once
 from modelshrink.onnx.self_attention import fuse_self_attention
 from modelshrink.onnx.validate import FLOAT_ATOL, INT4_RTOL, INT8_RTOL, QUANTIZED_RTOL, ExportCheckFailed, validate
 from modelshrink.options.export import ExportOptions
+from modelshrink.quant.model import is_quantized
 from modelshrink.quant.spec import code_threshold
 from modelshrink.runtime.cpu import VNNI, signed_products_exact
 from modelshrink.runtime.files import DECODER_MERGED, DECODER_WITH_PAST, ENCODER, INT8_SCALED
@@ -196,8 +197,7 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     writer.check()
     kind, config, model, tokenizer = _load_model(options)
     check_layout(options.layout, kind, config, options.merge)
-    qc = getattr(config, "quantization_config", None)
-    quantized = dict(qc) if isinstance(qc, dict) and qc.get("quant_method") == "modelshrink" else None
+    quantized = dict(config.quantization_config) if is_quantized(config) else None
     if quantized and options.int4:
         raise UserError(f"--int4 applies to float models: {options.model} is a quantize artifact "
                         f"({quantized['bits']}), and exporting a quantized artifact keeps its own bits")

@@ -1,0 +1,30 @@
+"""Facts that have one home (issue 56, item 3): a reviewer grepping src/ for the fact finds its definition once,
+and every other module imports it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "modelshrink"
+
+
+def _modules_matching(pattern: str) -> set[str]:
+    return {str(path.relative_to(SRC)) for path in SRC.rglob("*.py") if re.search(pattern, path.read_text())}
+
+
+def test_whether_a_model_is_quantized_is_answered_by_one_function():
+    from transformers import BartConfig
+
+    from modelshrink.quant.model import QUANT_METHOD, is_quantized
+
+    assert _modules_matching(r"[\"']quant_method[\"']") == {"quant/model.py"}  # only the format's module reads it
+    assert _modules_matching(r"def _?(is_)?quantized\(") == {"quant/model.py"}
+    ours, theirs = {"quant_method": QUANT_METHOD, "bits": "2-2-8"}, {"quant_method": "bitsandbytes"}
+    assert is_quantized(BartConfig(quantization_config=ours))  # a transformers config keeps it as a dict
+    assert is_quantized({"quantization_config": ours})  # config.json as read
+    assert is_quantized(SimpleNamespace(quantization_config=SimpleNamespace(quant_method=QUANT_METHOD)))
+    for other in (BartConfig(), BartConfig(quantization_config=theirs), {"quantization_config": theirs}, {}, [],
+                  {"quantization_config": None}):
+        assert not is_quantized(other), other
