@@ -3,7 +3,9 @@ and every other module imports it."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
+import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,7 +13,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "modelshrink"
 
 
 def _modules_matching(pattern: str) -> set[str]:
-    return {str(path.relative_to(SRC)) for path in SRC.rglob("*.py") if re.search(pattern, path.read_text())}
+    return {str(path.relative_to(SRC)) for path in SRC.rglob("*.py")
+            if re.search(pattern, path.read_text(), re.MULTILINE)}
 
 
 def test_whether_a_model_is_quantized_is_answered_by_one_function():
@@ -28,3 +31,17 @@ def test_whether_a_model_is_quantized_is_answered_by_one_function():
     for other in (BartConfig(), BartConfig(quantization_config=theirs), {"quantization_config": theirs}, {}, [],
                   {"quantization_config": None}):
         assert not is_quantized(other), other
+
+
+def test_the_version_is_written_once_in_a_leaf_that_pyproject_and_the_package_read():
+    import modelshrink
+    from modelshrink._version import __version__
+
+    project = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text())["project"]
+    assert "version" not in project and "version" in project["dynamic"]
+    assert _modules_matching(r"^__version__\s*=") == {"_version.py"}
+    # low modules import the leaf, not the package facade that imports upward
+    assert not _modules_matching(r"^from modelshrink import .*\b__version__\b")
+    assert modelshrink.__version__ == __version__
+    assert importlib.metadata.version("modelshrink") == __version__, \
+        "the installed metadata is older than _version.py: pip install -e . again"

@@ -33,7 +33,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from modelshrink._version import __version__
 
 # name -> (module, attribute): imported on first use (torch and transformers come with the steps)
 _API = {

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from modelshrink import __version__
+from modelshrink._version import __version__
 from modelshrink import locks
 from modelshrink.errors import UserError
 

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from modelshrink import __version__
+from modelshrink._version import __version__
 from modelshrink.commands.contrastive import EPILOG as CONTRASTIVE_EPILOG, contrastive_command
 from modelshrink.commands.distill import EPILOG as DISTILL_EPILOG, distill_command
 from modelshrink.commands.eval import EPILOG as EVAL_EPILOG, eval_command

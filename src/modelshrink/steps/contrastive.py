@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from modelshrink import __version__
+from modelshrink._version import __version__
 from modelshrink.ackd import ACKDObjective, feature_layer_pairs, layer_features
 from modelshrink.cards import commit_model
 from modelshrink.errors import UserError

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.nn.utils import parametrize
 
-from modelshrink import __version__
+from modelshrink._version import __version__
 from modelshrink.cards import commit_model
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
