@@ -45,3 +45,11 @@ def test_the_version_is_written_once_in_a_leaf_that_pyproject_and_the_package_re
     assert modelshrink.__version__ == __version__
     assert importlib.metadata.version("modelshrink") == __version__, \
         "the installed metadata is older than _version.py: pip install -e . again"
+
+
+def test_which_model_types_only_translate_is_a_family_fact():
+    from modelshrink.families import FAMILIES, TRANSLATION_TYPES
+
+    assert _modules_matching(r"^TRANSLATION_TYPES\s*=") == {"families.py"}
+    assert _modules_matching(r"\(\s*[\"']marian[\"'],\s*[\"']m2m_100[\"']\s*\)") == {"families.py"}
+    assert set(TRANSLATION_TYPES) <= {t for family in FAMILIES for t in family.model_types}

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from modelshrink.artifacts import CARD_NAME
+from modelshrink.families import TRANSLATION_TYPES
 from modelshrink.metrics.names import RESULT_METRICS
 
-# model types that only translate; mBART and the others are told apart by their data (source/target pairs)
-TRANSLATION_TYPES = ("marian", "m2m_100")
 METHOD_TAGS = {"distill": ["distillation"], "quantize": ["quantization", "dq-bart"],
                "contrastive": ["distillation", "ackd", "contrastive-distillation"], "export": ["onnx"],
                "warmstart": ["warm-start"]}

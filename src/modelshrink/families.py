@@ -123,6 +123,9 @@ def family_of(config) -> Family:
 CLASSIFIER_TYPES = ("bert", "roberta", "distilbert", "electra", "xlm-roberta")
 # Classifiers whose graph takes token_type_ids even where the tokenizer leaves them out.
 TOKEN_TYPE_CLASSIFIERS = ("bert",)
+# Seq2seq model types that only translate (Marian; M2M100 and NLLB); mBART and the others are told apart by their data
+# (source/target pairs).
+TRANSLATION_TYPES = ("marian", "m2m_100")
 
 
 def model_kind(config: Any, with_head: bool = True) -> str | None:
