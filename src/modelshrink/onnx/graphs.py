@@ -42,6 +42,15 @@ class EncoderGraph(torch.nn.Module):
         return self.encoder(input_ids=input_ids, attention_mask=attention_mask, return_dict=True).last_hidden_state
 
 
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The name of the cache in `model`'s forward and in its outputs: transformers 5.24 renamed `past_key_values`
+    to `cache` (the old name still works there but warns that 5.40 removes it); 5.0-5.23 know only
+    `past_key_values`."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class DecoderGraph(torch.nn.Module):
     """One decoder step of the whole model (so BART's final_logits_bias, T5's output scaling and
     bert2bert's encoder projection stay where the model applies them)."""
@@ -50,6 +59,7 @@ class DecoderGraph(torch.nn.Module):
         super().__init__()
         self.model, self.layers, self.with_past = model, layers, with_past
         self.width = hidden_size(model.config)
+        self.cache_name = cache_keyword(model)
 
     def forward(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor, *rest: torch.Tensor):
         from transformers.cache_utils import EncoderDecoderCache
@@ -64,11 +74,11 @@ class DecoderGraph(torch.nn.Module):
         else:
             cache, encoder_outputs = None, (rest[0],)
         out = self.model(encoder_outputs=encoder_outputs, attention_mask=encoder_attention_mask,
-                         decoder_input_ids=input_ids, past_key_values=cache, use_cache=True, return_dict=True)
+                         decoder_input_ids=input_ids, use_cache=True, return_dict=True, **{self.cache_name: cache})
+        returned = getattr(out, self.cache_name)
         flat = []
         for i in range(self.layers):
-            own, cross = out.past_key_values.self_attention_cache.layers[i], \
-                out.past_key_values.cross_attention_cache.layers[i]
+            own, cross = returned.self_attention_cache.layers[i], returned.cross_attention_cache.layers[i]
             flat += [own.keys, own.values] + ([] if self.with_past else [cross.keys, cross.values])
         return (out.logits, *flat)
 
