@@ -304,7 +304,7 @@ def test_embedding_tables_are_int8_with_one_scale_per_row(tmp_path):
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from modelshrink.onnx.compress import quantize_embeddings
+    from modelshrink.onnx.int8 import quantize_embeddings
 
     rng = np.random.default_rng(0)
     table = rng.standard_normal((50, 8)).astype(np.float32) * 0.02

@@ -397,7 +397,7 @@ def test_int8_weights_split_between_kernels_run_in_one_graph(tmp_path, monkeypat
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from modelshrink.onnx import compress
+    from modelshrink.onnx import int8
 
     rng = np.random.default_rng(0)
     w1, w2 = rng.standard_normal((64, 128)).astype(np.float32), rng.standard_normal((128, 32)).astype(np.float32)
@@ -416,7 +416,7 @@ def test_int8_weights_split_between_kernels_run_in_one_graph(tmp_path, monkeypat
                 for kernel, bits in candidates}
 
     monkeypatch.setattr(kernels, "measure", fake)
-    stored = compress.quantize_int8(path, per_channel=True, choice=KernelChoice("encoder_model.onnx"))
+    stored = int8.quantize_int8(path, per_channel=True, choice=KernelChoice("encoder_model.onnx"))
     assert stored["int8_kernels"] == {first: 1, other: 1} and stored["int8_matmuls"] == 2
     ops = {n.op_type for n in onnx.load(str(path)).graph.node}
     assert ("MatMulNBits" in ops) == (first == "nbits") and ops & {"MatMulInteger", "DynamicQuantizeMatMul"}
@@ -433,10 +433,10 @@ def test_s8_weights_are_symmetric_codes_and_their_products_exact_where_offered()
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from modelshrink.onnx import compress
+    from modelshrink.onnx import int8
 
     w = np.random.default_rng(0).standard_normal((40, 6)).astype(np.float32)
-    blocks = compress.int8_blocks(w, 16)
+    blocks = int8.int8_blocks(w, 16)
     b = blocks.codes.astype(np.int16) - 128  # [N, blocks, block]: padded to 48 with the zero point (b = 0)
     assert blocks.zero_points is None and np.abs(b).max() == 127 and not b.reshape(6, -1)[:, 40:].any()
     scale = blocks.scales[:, 0]
@@ -527,7 +527,7 @@ def test_a_linear_layers_bias_goes_into_its_integer_kernel():
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from modelshrink.onnx import compress, lowbit
+    from modelshrink.onnx import int8, lowbit_graph
 
     rng = np.random.default_rng(0)
     w1, w2 = rng.standard_normal((32, 48)).astype(np.float32), rng.standard_normal((48, 16)).astype(np.float32)
@@ -546,9 +546,9 @@ def test_a_linear_layers_bias_goes_into_its_integer_kernel():
     for node in graph.node:
         node.name = node.output[0]
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    rewrite = lowbit.LowBitGraph(model)
+    rewrite = lowbit_graph.LowBitGraph(model)
     for init in [i for i in model.graph.initializer if i.name in ("w1", "w2")]:
-        rewrite.as_matmul(init, compress.int8_blocks(numpy_helper.to_array(init), 16), kernel="int8")
+        rewrite.as_matmul(init, int8.int8_blocks(numpy_helper.to_array(init), 16), kernel="int8")
     rewrite.finish()
     feed = {"x": rng.standard_normal((4, 32)).astype(np.float32), "r": rng.standard_normal((4, 16)).astype(np.float32)}
 
@@ -556,7 +556,7 @@ def test_a_linear_layers_bias_goes_into_its_integer_kernel():
         return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
 
     before = run(model)
-    assert compress.fuse_bias(model.graph, rewrite.integer_nodes) == 2
+    assert lowbit_graph.fuse_bias(model.graph, rewrite.integer_nodes) == 2
     onnx.checker.check_model(model)
     kernels_ = [n for n in model.graph.node if n.op_type == "DynamicQuantizeMatMul"]
     assert sorted(list(n.input)[4:] for n in kernels_) == [[], ["b1"], ["b2_same"]]

@@ -156,7 +156,8 @@ def test_packing_at_two_four_and_eight_bits_is_what_onnxruntime_reads(tmp_path, 
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from modelshrink.onnx.lowbit import DOMAIN, LowBitGraph, integer_blocks, pack, unpack
+    from modelshrink.onnx.lowbit import DOMAIN, integer_blocks, pack, unpack
+    from modelshrink.onnx.lowbit_graph import LowBitGraph
 
     rng = np.random.default_rng(0)
     # (bits the kernel reads, bits stored): a ternary weight read by 4-bit kernels is stored in 2 bits

@@ -34,6 +34,7 @@ import numpy as np
 
 from modelshrink.onnx import lowbit
 from modelshrink.onnx.kernels import KernelChoice, candidates_for
+from modelshrink.onnx.lowbit_graph import LowBitGraph, transposed_pairs
 
 CANDIDATES = candidates_for(None)  # blocks with their own scales and zero points: MatMulNBits, or float
 BLOCK_SIZES = (16, 32, 64, 128)  # what onnxruntime's CPU kernel accepts at 4 bits (a power of 2, >= 16)
@@ -91,8 +92,8 @@ def quantize_int4(path: Path, block_size: int, choice: KernelChoice, embeddings:
     from onnx import numpy_helper
 
     model = onnx.load(str(path))
-    graph = lowbit.LowBitGraph(model)
-    pairs = lowbit.transposed_pairs(graph)
+    graph = LowBitGraph(model)
+    pairs = transposed_pairs(graph)
     inits = {i.name: i for i in model.graph.initializer}
     nodes = weights = tables = 0
     done: set[str] = set()

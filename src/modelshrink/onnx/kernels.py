@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from modelshrink.onnx.lowbit import FLOAT, INT8, KERNELS, NBITS, S8, Blocks, LowBitGraph, kernel_block
+from modelshrink.onnx.lowbit import FLOAT, INT8, KERNELS, NBITS, S8, Blocks, kernel_block
+from modelshrink.onnx.lowbit_graph import LowBitGraph
 from modelshrink.runtime.files import CLASSIFIER, DECODER, DECODER_WITH_PAST, ENCODER
 
 AUTO = "auto"

@@ -22,11 +22,12 @@ from modelshrink.cards import commit_model
 from modelshrink.errors import UserError
 from modelshrink.families import CLASSIFIER_TYPES, TOKEN_TYPE_CLASSIFIERS, model_kind
 from modelshrink.onnx import lowbit
-from modelshrink.onnx.compress import compact_quantized, keep_low_bits, quantize_int8
+from modelshrink.onnx.compress import compact_quantized, keep_low_bits
 from modelshrink.onnx.cross_attention import fuse_cross_attention
 from modelshrink.onnx.fuse import fuse_decoder_with_past
 from modelshrink.onnx.graphs import export_classifier, export_seq2seq, parameter_count, use_eager_attention
 from modelshrink.onnx.int4 import quantize_int4
+from modelshrink.onnx.int8 import quantize_int8
 from modelshrink.onnx.kernels import KernelChoice
 from modelshrink.onnx.layout import apply_layout, check_layout
 from modelshrink.onnx.merge import merge_decoders, store_tied_once
