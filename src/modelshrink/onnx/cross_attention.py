@@ -259,11 +259,37 @@ def fuse_cross_attention(path: Path, beams: int) -> dict[str, Any]:
     if why is not None:
         return {"cross_attention_layers": 0, "cross_attention_traced": why}
     c = "/cross_attention"
-    reduce_axes = [_const(f"{c}/axis1", [1])]
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    shared = _shared_nodes(f"past_key_values.{layers[0]}.encoder.key", opset)
+    constants = _shared_constants(beams, heads, size)
+    moved = {n.output[0] for plan in plans for n in plan["nodes"]}
+    ifs = []
+    for layer, plan in zip(layers, plans):
+        present = [f"present.{layer}.encoder.key", f"present.{layer}.encoder.value"]
+        ifs.append(helper.make_node("If", [f"{c}/fused"], [plan["output"], *present], name=f"{c}/layers.{layer}",
+                                    then_branch=_fast_branch(plan, layer, heads, size, beams),
+                                    else_branch=_traced_branch(plan, layer)))
+        model.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, [DOCUMENTS, heads, None, size])
+                                  for n in present)
+    kept = [n for n in model.graph.node if n.output[0] not in moved]
+    graph = model.graph
+    del graph.node[:]
+    graph.node.extend(_live(kept + shared + ifs, {o.name for o in graph.output}))
+    graph.initializer.extend(constants)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = CROSS_BEAMS, str(beams)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return {"cross_attention_layers": len(layers), "cross_attention_beams": beams}
+
+
+def _shared_nodes(first_past: str, opset: int) -> list[Any]:
+    """The nodes every layer's If reads: whether the fused branch runs, each document's source length."""
+    from onnx import TensorProto, helper
+
+    c = "/cross_attention"
     sum_node = helper.make_node("ReduceSum", [f"{c}/doc_mask", f"{c}/axis1"], [f"{c}/lengths"], keepdims=0) \
         if opset >= 13 else helper.make_node("ReduceSum", [f"{c}/doc_mask"], [f"{c}/lengths"], axes=[1], keepdims=0)
-    first_past = f"past_key_values.{layers[0]}.encoder.key"
     shared = [
         # the fused branch runs where the runtime calls (past_sequence_length given) with `beams` rows a document
         helper.make_node("Shape", ["input_ids"], [f"{c}/ids_shape"]),
@@ -285,34 +311,22 @@ def fuse_cross_attention(path: Path, beams: int) -> dict[str, Any]:
         helper.make_node("Reshape", [f"{c}/last", f"{c}/column"], [f"{c}/last4"]),
         helper.make_node("Expand", [f"{c}/last4", f"{c}/index_shape"], [f"{c}/last_index"]),
     ]
-    constants = reduce_axes + [
-        _const(f"{c}/i0", [0]), _const(f"{c}/i1", [1]), _const(f"{c}/beams", [beams]),
-        _const(f"{c}/end", [np.iinfo(np.int64).max]), _const(f"{c}/column", [-1, 1, 1, 1]),
-        _const(f"{c}/index_shape", [1, heads, 1, size]),
-        _const(f"{c}/beams_heads_size", [-1, beams, heads, size]), _const(f"{c}/one_query", [-1, 1, heads * beams * size]),
-        _const(f"{c}/one_key", [-1, 1, heads * size]), _const(f"{c}/heads_beams_size", [-1, heads, beams, size]),
-        _const(f"{c}/rows_one_width", [-1, 1, heads * size])]
     for node in shared:
         node.name = f"{node.output[0]}/{node.op_type}"
-    moved = {n.output[0] for plan in plans for n in plan["nodes"]}
-    ifs = []
-    for layer, plan in zip(layers, plans):
-        present = [f"present.{layer}.encoder.key", f"present.{layer}.encoder.value"]
-        ifs.append(helper.make_node("If", [f"{c}/fused"], [plan["output"], *present], name=f"{c}/layers.{layer}",
-                                    then_branch=_fast_branch(plan, layer, heads, size, beams),
-                                    else_branch=_traced_branch(plan, layer)))
-        model.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, [DOCUMENTS, heads, None, size])
-                                  for n in present)
-    kept = [n for n in model.graph.node if n.output[0] not in moved]
-    graph = model.graph
-    del graph.node[:]
-    graph.node.extend(_live(kept + shared + ifs, {o.name for o in graph.output}))
-    graph.initializer.extend(constants)
-    entry = model.metadata_props.add()
-    entry.key, entry.value = CROSS_BEAMS, str(beams)
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return {"cross_attention_layers": len(layers), "cross_attention_beams": beams}
+    return shared
+
+
+def _shared_constants(beams: int, heads: int, size: int) -> list[Any]:
+    """The constants the shared nodes and the fused branches read."""
+    c = "/cross_attention"
+    return [_const(f"{c}/axis1", [1]),
+            _const(f"{c}/i0", [0]), _const(f"{c}/i1", [1]), _const(f"{c}/beams", [beams]),
+            _const(f"{c}/end", [np.iinfo(np.int64).max]), _const(f"{c}/column", [-1, 1, 1, 1]),
+            _const(f"{c}/index_shape", [1, heads, 1, size]),
+            _const(f"{c}/beams_heads_size", [-1, beams, heads, size]),
+            _const(f"{c}/one_query", [-1, 1, heads * beams * size]),
+            _const(f"{c}/one_key", [-1, 1, heads * size]), _const(f"{c}/heads_beams_size", [-1, heads, beams, size]),
+            _const(f"{c}/rows_one_width", [-1, 1, heads * size])]
 
 
 def _size(graph: Any, name: str) -> int | None:

@@ -33,65 +33,15 @@ def merge_decoders(folder: Path) -> dict[str, int]:
     keeps the first step's. The two graphs are removed afterwards. Works on float and on int8 graphs
     (dynamic quantization of a weight is deterministic, so both graphs hold the same int8 copy)."""
     import onnx
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
     models = {"first": onnx.load(str(folder / DECODER)), "past": onnx.load(str(folder / DECODER_WITH_PAST))}
-    shared: dict[str, Any] = {}
-    by_value: dict[tuple, str] = {}
-    total = 0
-    renamed: dict[str, dict[str, str]] = {}
-    for tag, model in models.items():
-        mapping = renamed[tag] = {}
-        overridable = {i.name for i in model.graph.input}  # an input's default (onnx/self_attention.py): its own name
-        for init in model.graph.initializer:
-            total += 1
-            key = (init.data_type, tuple(init.dims), _digest(numpy_helper.to_array(init)))
-            name = by_value.get(key) if init.name not in overridable else None
-            if name is None:
-                name = init.name if init.name not in shared else f"{tag}/{init.name}"
-                copy = onnx.TensorProto()
-                copy.CopyFrom(init)
-                copy.name = name
-                shared[name] = copy
-                if init.name not in overridable:
-                    by_value[key] = name
-            mapping[init.name] = name
+    shared, renamed, total = _shared_initializers(models)
     outer = {i.name: i for tag in ("past", "first") for i in models[tag].graph.input}  # first's input_ids: any length
-
-    def branch(tag: str, extra_outputs: list[str]) -> Any:
-        graph, mapping = models[tag].graph, renamed[tag]
-
-        def rename(name: str) -> str:
-            return name if not name or name in outer else mapping.get(name, f"{tag}/{name}")
-
-        def copied(node: Any) -> Any:
-            new = onnx.NodeProto()
-            new.CopyFrom(node)
-            _rename_within(new, tag, rename)
-            return new
-
-        nodes = [copied(node) for node in graph.node]
-        outputs = {o.name: o for o in graph.output}
-        for name in extra_outputs:  # an empty float tensor of the output's rank
-            reference = next(o for o in models["first"].graph.output if o.name == name)
-            rank = len(reference.type.tensor_type.shape.dim)
-            empty = numpy_helper.from_array(np.zeros((0,) * rank, dtype=np.float32), f"{tag}/{name}")
-            nodes.append(helper.make_node("Constant", [], [f"{tag}/{name}"], name=f"{tag}/{name}/empty", value=empty))
-            outputs[name] = reference
-        order = [o.name for o in models["first"].graph.output]
-        values = []
-        for name in order:
-            source = outputs[name]
-            info = onnx.ValueInfoProto()
-            info.name = rename(name) if name in {o.name for o in graph.output} else f"{tag}/{name}"
-            info.type.tensor_type.elem_type = source.type.tensor_type.elem_type
-            values.append(info)
-        return helper.make_graph(nodes, f"decoder_{tag}", [], values)
-
     first_outputs = [o.name for o in models["first"].graph.output]
     past_outputs = {o.name for o in models["past"].graph.output}
-    then_branch = branch("past", [n for n in first_outputs if n not in past_outputs])
-    else_branch = branch("first", [])
+    then_branch = _branch(models, renamed["past"], outer, "past", [n for n in first_outputs if n not in past_outputs])
+    else_branch = _branch(models, renamed["first"], outer, "first", [])
     constants = _hoist_constants([then_branch, else_branch], set(shared))
     inputs = [outer[name] for name in dict.fromkeys(
         [i.name for i in models["first"].graph.input] + [i.name for i in models["past"].graph.input])]
@@ -114,6 +64,74 @@ def merge_decoders(folder: Path) -> dict[str, int]:
     (folder / DECODER).unlink()
     (folder / DECODER_WITH_PAST).unlink()
     return {"initializers": total, "shared": total - len(shared), "constant_nodes_hoisted": len(constants)}
+
+
+def _shared_initializers(models: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, str]], int]:
+    """The initializers of both graphs, each value once: (name -> initializer, for each graph its names -> the
+    shared names, how many the graphs held). An overridable input's default (onnx/self_attention.py) keeps its own
+    name."""
+    import onnx
+    from onnx import numpy_helper
+
+    shared: dict[str, Any] = {}
+    by_value: dict[tuple, str] = {}
+    total = 0
+    renamed: dict[str, dict[str, str]] = {}
+    for tag, model in models.items():
+        mapping = renamed[tag] = {}
+        overridable = {i.name for i in model.graph.input}
+        for init in model.graph.initializer:
+            total += 1
+            key = (init.data_type, tuple(init.dims), _digest(numpy_helper.to_array(init)))
+            name = by_value.get(key) if init.name not in overridable else None
+            if name is None:
+                name = init.name if init.name not in shared else f"{tag}/{init.name}"
+                copy = onnx.TensorProto()
+                copy.CopyFrom(init)
+                copy.name = name
+                shared[name] = copy
+                if init.name not in overridable:
+                    by_value[key] = name
+            mapping[init.name] = name
+    return shared, renamed, total
+
+
+def _branch(models: dict[str, Any], mapping: dict[str, str], outer: dict[str, Any], tag: str,
+            extra_outputs: list[str]) -> Any:
+    """Graph `tag` as a branch of the merged If: its names prefixed with the tag but for the outer graph's inputs
+    and the shared initializers (`mapping`), the first step's outputs in its order, `extra_outputs` as empty
+    tensors."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    graph = models[tag].graph
+
+    def rename(name: str) -> str:
+        return name if not name or name in outer else mapping.get(name, f"{tag}/{name}")
+
+    def copied(node: Any) -> Any:
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        _rename_within(new, tag, rename)
+        return new
+
+    nodes = [copied(node) for node in graph.node]
+    outputs = {o.name: o for o in graph.output}
+    for name in extra_outputs:  # an empty float tensor of the output's rank
+        reference = next(o for o in models["first"].graph.output if o.name == name)
+        rank = len(reference.type.tensor_type.shape.dim)
+        empty = numpy_helper.from_array(np.zeros((0,) * rank, dtype=np.float32), f"{tag}/{name}")
+        nodes.append(helper.make_node("Constant", [], [f"{tag}/{name}"], name=f"{tag}/{name}/empty", value=empty))
+        outputs[name] = reference
+    order = [o.name for o in models["first"].graph.output]
+    values = []
+    for name in order:
+        source = outputs[name]
+        info = onnx.ValueInfoProto()
+        info.name = rename(name) if name in {o.name for o in graph.output} else f"{tag}/{name}"
+        info.type.tensor_type.elem_type = source.type.tensor_type.elem_type
+        values.append(info)
+    return helper.make_graph(nodes, f"decoder_{tag}", [], values)
 
 
 def subgraphs(node: Any) -> list[Any]:

@@ -228,48 +228,12 @@ def fuse_self_attention(path: Path) -> dict[str, Any]:
     layers = _layers(g)
     plans = [_layer(g, layer) for layer in layers]
     heads = _heads(model.graph, f"past_key_values.{layers[0]}.decoder.key") if layers else None
-    if not layers or heads is None or any(p is None for p in plans) or PAST_LENGTH in g.inputs:
-        unknown = next((layer for layer, plan in zip(layers, plans) if plan is None), None)
-        why = "no self-attention cache inputs" if not layers else "already rewritten" if PAST_LENGTH in g.inputs \
-            else f"layer {unknown}'s attention is not the plain pattern (a bias computed from weights, an " \
-                 "activation rounding, another reading of the cache)" if unknown is not None else "no static head count"
+    why = _kept_as_traced(g, layers, plans, heads)
+    if why is not None:
         return {"self_attention_layers": 0, "self_attention_traced": why}
-    first_past = plans[0]["past"][0]
     p = "/self_attention"
-    nodes = [
-        # the past length: the input where given, else the past's own length (axis 2)
-        helper.make_node("Shape", [first_past], [f"{p}/past_shape"]),
-        helper.make_node("Slice", [f"{p}/past_shape", f"{p}/i0", f"{p}/i2"], [f"{p}/rows_heads"]),
-        helper.make_node("Slice", [f"{p}/past_shape", f"{p}/i2", f"{p}/i3"], [f"{p}/capacity"]),
-        helper.make_node("Slice", [f"{p}/past_shape", f"{p}/i3", f"{p}/i4"], [f"{p}/size"]),
-        helper.make_node("Less", [PAST_LENGTH, f"{p}/i0"], [f"{p}/not_given"]),
-        helper.make_node("Where", [f"{p}/not_given", f"{p}/capacity", PAST_LENGTH], [f"{p}/length"]),
-        helper.make_node("Concat", [f"{p}/rows_heads", f"{p}/length", f"{p}/size"], [f"{p}/past_shape_filled"], axis=0),
-        helper.make_node("Slice", [f"{p}/past_shape", f"{p}/i0", f"{p}/i1"], [f"{p}/rows"]),
-        helper.make_node("Expand", [f"{p}/length", f"{p}/rows"], [f"{p}/lengths"]),
-        helper.make_node("Cast", [f"{p}/lengths"], [f"{p}/seqlens_k"], to=TensorProto.INT32),
-        helper.make_node("Add", [f"{p}/length", f"{p}/i1"], [f"{p}/total_1d"]),
-        helper.make_node("Reshape", [f"{p}/total_1d", f"{p}/scalar"], [f"{p}/total_64"]),
-        helper.make_node("Cast", [f"{p}/total_64"], [f"{p}/total"], to=TensorProto.INT32),
-    ]
-    constants = [numpy_helper.from_array(np.array([k], dtype=np.int64), f"{p}/i{k}") for k in range(5)]
-    constants.append(numpy_helper.from_array(np.zeros(0, dtype=np.int64), f"{p}/scalar"))
-    # every other reader of a cache input's shape (the positions, the causal mask) reads the filled length
-    rename: dict[str, str] = {}
-    pasts = {name for plan in plans for name in plan["past"]}
-    for node in model.graph.node:
-        if node.op_type == "Shape" and g.root(node.input[0]) in pasts:
-            if node.attribute:  # Shape's start/end (opset 15): the same slice of the filled shape
-                start = next((a.i for a in node.attribute if a.name == "start"), 0)
-                end = next((a.i for a in node.attribute if a.name == "end"), 4)
-                name = f"{p}/{node.output[0]}/sliced"
-                constants += [numpy_helper.from_array(np.array([start], dtype=np.int64), f"{name}/start"),
-                              numpy_helper.from_array(np.array([end], dtype=np.int64), f"{name}/end")]
-                nodes.append(helper.make_node("Slice", [f"{p}/past_shape_filled", f"{name}/start", f"{name}/end"],
-                                              [name]))
-                rename[node.output[0]] = name
-            else:
-                rename[node.output[0]] = f"{p}/past_shape_filled"
+    nodes, constants = _past_length_nodes(plans[0]["past"][0], p)
+    rename = _filled_shapes(model.graph, g, {name for plan in plans for name in plan["past"]}, p, nodes, constants)
     removed = {n.output[0] for plan in plans for n in plan["removed"]}
     for layer, plan in zip(layers, plans):
         nodes.append(helper.make_node(
@@ -292,6 +256,63 @@ def fuse_self_attention(path: Path) -> dict[str, Any]:
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return {"self_attention_layers": len(layers)}
+
+
+def _kept_as_traced(g: _Graph, layers: list[int], plans: list[dict[str, Any] | None], heads: int | None) -> str | None:
+    """Why the graph is left as traced, or None where every layer can be rewritten."""
+    if layers and heads is not None and all(p is not None for p in plans) and PAST_LENGTH not in g.inputs:
+        return None
+    unknown = next((layer for layer, plan in zip(layers, plans) if plan is None), None)
+    return "no self-attention cache inputs" if not layers else "already rewritten" if PAST_LENGTH in g.inputs \
+        else f"layer {unknown}'s attention is not the plain pattern (a bias computed from weights, an " \
+             "activation rounding, another reading of the cache)" if unknown is not None else "no static head count"
+
+
+def _past_length_nodes(first_past: str, p: str) -> tuple[list[Any], list[Any]]:
+    """(nodes, their constants) for the past length: the input where given, else the past's own length (axis 2);
+    GroupQueryAttention's seqlens_k and total length, and the past's shape as filled."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Shape", [first_past], [f"{p}/past_shape"]),
+        helper.make_node("Slice", [f"{p}/past_shape", f"{p}/i0", f"{p}/i2"], [f"{p}/rows_heads"]),
+        helper.make_node("Slice", [f"{p}/past_shape", f"{p}/i2", f"{p}/i3"], [f"{p}/capacity"]),
+        helper.make_node("Slice", [f"{p}/past_shape", f"{p}/i3", f"{p}/i4"], [f"{p}/size"]),
+        helper.make_node("Less", [PAST_LENGTH, f"{p}/i0"], [f"{p}/not_given"]),
+        helper.make_node("Where", [f"{p}/not_given", f"{p}/capacity", PAST_LENGTH], [f"{p}/length"]),
+        helper.make_node("Concat", [f"{p}/rows_heads", f"{p}/length", f"{p}/size"], [f"{p}/past_shape_filled"], axis=0),
+        helper.make_node("Slice", [f"{p}/past_shape", f"{p}/i0", f"{p}/i1"], [f"{p}/rows"]),
+        helper.make_node("Expand", [f"{p}/length", f"{p}/rows"], [f"{p}/lengths"]),
+        helper.make_node("Cast", [f"{p}/lengths"], [f"{p}/seqlens_k"], to=TensorProto.INT32),
+        helper.make_node("Add", [f"{p}/length", f"{p}/i1"], [f"{p}/total_1d"]),
+        helper.make_node("Reshape", [f"{p}/total_1d", f"{p}/scalar"], [f"{p}/total_64"]),
+        helper.make_node("Cast", [f"{p}/total_64"], [f"{p}/total"], to=TensorProto.INT32),
+    ]
+    constants = [numpy_helper.from_array(np.array([k], dtype=np.int64), f"{p}/i{k}") for k in range(5)]
+    constants.append(numpy_helper.from_array(np.zeros(0, dtype=np.int64), f"{p}/scalar"))
+    return nodes, constants
+
+
+def _filled_shapes(graph: Any, g: _Graph, pasts: set[str], p: str, nodes: list[Any], constants: list[Any]) -> dict[str, str]:
+    """Every other reader of a cache input's shape (the positions, the causal mask) reads the filled length: the
+    outputs of those Shape nodes -> what replaces them (adding the slices it needs to `nodes` and `constants`)."""
+    from onnx import helper, numpy_helper
+
+    rename: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type == "Shape" and g.root(node.input[0]) in pasts:
+            if node.attribute:  # Shape's start/end (opset 15): the same slice of the filled shape
+                start = next((a.i for a in node.attribute if a.name == "start"), 0)
+                end = next((a.i for a in node.attribute if a.name == "end"), 4)
+                name = f"{p}/{node.output[0]}/sliced"
+                constants += [numpy_helper.from_array(np.array([start], dtype=np.int64), f"{name}/start"),
+                              numpy_helper.from_array(np.array([end], dtype=np.int64), f"{name}/end")]
+                nodes.append(helper.make_node("Slice", [f"{p}/past_shape_filled", f"{name}/start", f"{name}/end"],
+                                              [name]))
+                rename[node.output[0]] = name
+            else:
+                rename[node.output[0]] = f"{p}/past_shape_filled"
+    return rename
 
 
 def _live(nodes: list[Any], outputs: set[str]) -> list[Any]:

@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -92,92 +92,116 @@ def _require_ops(needed: list[str], folder: str | os.PathLike) -> None:
                         f"upgrade onnxruntime (1.32 is tested), or export again with {' or '.join(options)}")
 
 
+def _check_complete(path: Path, folder: str | os.PathLike) -> None:
+    """One line for a folder that is not an export, or lacks a file its manifest lists (a generation config or
+    tokenizer config would otherwise fall back to defaults without a word); Optimum's folders have no manifest."""
+    if not is_export(path):
+        raise UserError(f"{folder} is not an export folder (no {ENCODER} or {CLASSIFIER}); "
+                        "write one with modelshrink export")
+    if not (path / "config.json").is_file():
+        raise UserError(f"{folder} is not an export folder (no config.json)")
+    listed = _read_json(path / "modelshrink.json").get("files", {})
+    missing = sorted(name for name in listed if not (path / name).is_file())
+    if missing:
+        raise UserError(f"{folder} lacks {', '.join(missing)}, which its modelshrink.json lists; the export is "
+                        "incomplete")
+
+
+def _check_runs_here(resolved: dict[str, Any], folder: str | os.PathLike) -> None:
+    """One line where this onnxruntime lacks an op the graphs use, or this processor a feature they need."""
+    _require_ops(resolved.get("contrib_ops") or [], folder)
+    lacking = missing_features(resolved.get("cpu_features") or [])
+    if lacking:
+        raise UserError(f"{folder} multiplies int8 weights by uint8 activations (export's s8 kernel), which "
+                        f"onnxruntime adds exactly only with {' and '.join(f.upper() for f in lacking)}, and this "
+                        "processor lacks it (its sums would clip): export again with --kernel int8")
+
+
+def _opener(path: Path, config: dict[str, Any], options: Any, folder: str | os.PathLike) -> Callable[[str], Any]:
+    """A function that opens one graph of the folder at `path` in an onnxruntime session."""
+    import onnxruntime as ort
+
+    def session(name: str) -> Any:
+        graph = graph_path(path, name, config)  # beside config.json, or in onnx/ (transformers.js)
+        if not graph.is_file():
+            raise UserError(f"{folder} has no {graph.relative_to(path)}; the export is incomplete")
+        try:
+            return ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime's errors (InvalidProtobuf, Fail, ...) share no base class
+            raise _damaged(graph, f"onnxruntime: {_ort_cause(e, graph)}") from None
+
+    return session
+
+
+def _session_options(threads: int | None, spin: bool, resolved: dict[str, Any]) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
+    options.log_severity_level = 3
+    if not spin:
+        # onnxruntime's worker threads spin after every run by default, waiting for more work; here the
+        # encoder, decoder and search-ops sessions (each with its own threads) and numpy take turns on
+        # the same cores, so spinning threads slow whichever runs next: without spinning a 6-2 MiniLM
+        # student summarized 1.8x faster at batch 1 and 1.5x at batch 16 on 2 cores (int8)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if resolved.get("weights") == DEQUANTIZED or resolved.get("quantized_artifact"):
+        # onnxruntime would fuse DequantizeLinear + MatMul into an integer matmul that also quantizes the
+        # activations, which is not what the quantized model computes; keep the float matmul
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
+    return options
+
+
 class ExportedModel:
     """An export folder loaded into onnxruntime sessions."""
 
     def __init__(self, folder: str | os.PathLike, threads: int | None = None, spin: bool = False):
-        import onnxruntime as ort
-
         self.folder = Path(folder)
-        if not is_export(self.folder):
-            raise UserError(f"{folder} is not an export folder (no {ENCODER} or {CLASSIFIER}); "
-                            "write one with modelshrink export")
-        if not (self.folder / "config.json").is_file():
-            raise UserError(f"{folder} is not an export folder (no config.json)")
-        # a file the export's manifest lists but the folder lacks (a generation config or tokenizer config
-        # would otherwise fall back to defaults without a word); Optimum's folders have no manifest
-        listed = _read_json(self.folder / "modelshrink.json").get("files", {})
-        missing = sorted(name for name in listed if not (self.folder / name).is_file())
-        if missing:
-            raise UserError(f"{folder} lacks {', '.join(missing)}, which its modelshrink.json lists; the export is "
-                            "incomplete")
+        _check_complete(self.folder, folder)
         self.config = _read_json(self.folder / "config.json")
         self.generation = _read_json(self.folder / "generation_config.json")
         if not (self.folder / "tokenizer.json").is_file():
             raise UserError(f"{folder} has no tokenizer.json")
         self.tokenizer = _tokenizer(self.folder / "tokenizer.json")
         self.tokenizer_config = _read_json(self.folder / "tokenizer_config.json")
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
-        options.log_severity_level = 3
-        if not spin:
-            # onnxruntime's worker threads spin after every run by default, waiting for more work; here the
-            # encoder, decoder and search-ops sessions (each with its own threads) and numpy take turns on
-            # the same cores, so spinning threads slow whichever runs next: without spinning a 6-2 MiniLM
-            # student summarized 1.8x faster at batch 1 and 1.5x at batch 16 on 2 cores (int8)
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         # what the export recorded for the runtime (weights, parameters); the manifest once committed
         self.resolved = _read_json(self.folder / "modelshrink.json").get("resolved", {})
-        _require_ops(self.resolved.get("contrib_ops") or [], folder)
-        lacking = missing_features(self.resolved.get("cpu_features") or [])
-        if lacking:
-            raise UserError(f"{folder} multiplies int8 weights by uint8 activations (export's s8 kernel), which "
-                            f"onnxruntime adds exactly only with {' and '.join(f.upper() for f in lacking)}, and this "
-                            "processor lacks it (its sums would clip): export again with --kernel int8")
-        if self.resolved.get("weights") == DEQUANTIZED or self.resolved.get("quantized_artifact"):
-            # onnxruntime would fuse DequantizeLinear + MatMul into an integer matmul that also quantizes the
-            # activations, which is not what the quantized model computes; keep the float matmul
-            options.add_session_config_entry("session.disable_quant_qdq", "1")
-
-        def session(name: str) -> Any:
-            path = graph_path(self.folder, name, self.config)  # beside config.json, or in onnx/ (transformers.js)
-            if not path.is_file():
-                raise UserError(f"{folder} has no {path.relative_to(self.folder)}; the export is incomplete")
-            try:
-                return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-            except Exception as e:  # onnxruntime's errors (InvalidProtobuf, Fail, ...) share no base class
-                raise _damaged(path, f"onnxruntime: {_ort_cause(e, path)}") from None
-
+        _check_runs_here(self.resolved, folder)
+        session = _opener(self.folder, self.config, _session_options(threads, spin, self.resolved), folder)
         if graph_path(self.folder, ENCODER, self.config).is_file():
-            self.task = "summarization"
-            self.encoder = session(ENCODER)
-            self.merged = graph_path(self.folder, DECODER_MERGED, self.config).is_file()
-            if self.merged:  # one graph: an If on use_cache_branch between the two decoders
-                self.decoder = self.decoder_with_past = session(DECODER_MERGED)
-            else:
-                self.decoder, self.decoder_with_past = session(DECODER), session(DECODER_WITH_PAST)
-            inputs = {i.name: i.shape for i in self.decoder_with_past.get_inputs()}
-            self.past_names = [n for n in inputs if n.startswith("past")]
-            # inputs shared by a document's beams (modelshrink.onnx.fuse): beam search keeps one row per document
-            self.per_document = frozenset(n for n in self.past_names if inputs[n] and inputs[n][0] == DOCUMENTS)
-            # the static axes (heads, head size, width) of the inputs that a merged decoder's other branch ignores
-            self._static = {n: [d if isinstance(d, int) else 0 for d in shape] for n, shape in inputs.items()}
-            # a decoder whose self-attention writes its cache in place (modelshrink.onnx.self_attention)
-            self.cache_in_place = PAST_LENGTH in {i.name for i in self.decoder_with_past.get_overridable_initializers()}
-            # the rows a document for which its cross-attention reads each document's own length (0: none)
-            meta = self.decoder_with_past.get_modelmeta().custom_metadata_map
-            self.cross_beams = int(meta.get(CROSS_BEAMS, 0)) if self.cache_in_place else 0
-            self.output_names = {"first": [o.name for o in self.decoder.get_outputs()],
-                                 "past": [o.name for o in self.decoder_with_past.get_outputs()]}
-            self.search = search_from_configs(self.config, self.generation)
-            self.search_ops = session(SEARCH_OPS) if graph_path(self.folder, SEARCH_OPS).is_file() else None
+            self._load_seq2seq(session)
         elif graph_path(self.folder, CLASSIFIER, self.config).is_file():
             self.classifier = session(CLASSIFIER)
             self.classifier_inputs = {i.name for i in self.classifier.get_inputs()}
             self.task = "classification"
         else:
             raise UserError(f"{folder} holds neither {ENCODER} nor {CLASSIFIER}; the export is incomplete")
+
+    def _load_seq2seq(self, session: Callable[[str], Any]) -> None:
+        """The encoder's and decoder's sessions, and what the search needs to know of the decoder's inputs."""
+        self.task = "summarization"
+        self.encoder = session(ENCODER)
+        self.merged = graph_path(self.folder, DECODER_MERGED, self.config).is_file()
+        if self.merged:  # one graph: an If on use_cache_branch between the two decoders
+            self.decoder = self.decoder_with_past = session(DECODER_MERGED)
+        else:
+            self.decoder, self.decoder_with_past = session(DECODER), session(DECODER_WITH_PAST)
+        inputs = {i.name: i.shape for i in self.decoder_with_past.get_inputs()}
+        self.past_names = [n for n in inputs if n.startswith("past")]
+        # inputs shared by a document's beams (modelshrink.onnx.fuse): beam search keeps one row per document
+        self.per_document = frozenset(n for n in self.past_names if inputs[n] and inputs[n][0] == DOCUMENTS)
+        # the static axes (heads, head size, width) of the inputs that a merged decoder's other branch ignores
+        self._static = {n: [d if isinstance(d, int) else 0 for d in shape] for n, shape in inputs.items()}
+        # a decoder whose self-attention writes its cache in place (modelshrink.onnx.self_attention)
+        self.cache_in_place = PAST_LENGTH in {i.name for i in self.decoder_with_past.get_overridable_initializers()}
+        # the rows a document for which its cross-attention reads each document's own length (0: none)
+        meta = self.decoder_with_past.get_modelmeta().custom_metadata_map
+        self.cross_beams = int(meta.get(CROSS_BEAMS, 0)) if self.cache_in_place else 0
+        self.output_names = {"first": [o.name for o in self.decoder.get_outputs()],
+                             "past": [o.name for o in self.decoder_with_past.get_outputs()]}
+        self.search = search_from_configs(self.config, self.generation)
+        self.search_ops = session(SEARCH_OPS) if graph_path(self.folder, SEARCH_OPS).is_file() else None
 
     # ------------------------------------------------------------ text in and out
 

@@ -7,6 +7,7 @@ is the onnxruntime session of search_ops.onnx.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -73,6 +74,43 @@ def greedy(first_step: FirstStep, next_step: NextStep, hidden: np.ndarray, mask:
         logits, past = next_step(tokens[:, None], mask, past)
 
 
+@dataclass
+class _Beams:
+    """Beam search's state, one row per document still searching (`ids`: each row's document)."""
+
+    ids: np.ndarray  # [batch] the original position of each document in the batch
+    running: np.ndarray  # [batch, beams, length] the running sequences
+    running_scores: np.ndarray  # [batch, beams]
+    running_idx: np.ndarray  # [batch, beams, length - 1] the beam each running token came from
+    sequences: np.ndarray  # [batch, beams, length] the finished hypotheses, best first
+    scores_done: np.ndarray  # [batch, beams]
+    beam_idx_done: np.ndarray  # [batch, beams, length - 1]
+    finished: np.ndarray  # [batch, beams] whether a finished slot holds a hypothesis
+    improvable: np.ndarray  # [batch, 1] whether a running beam can still beat the finished ones
+
+    @classmethod
+    def start(cls, batch: int, beams: int, length: int, s: Search) -> _Beams:
+        fill = (s.pad_token_id or s.eos_token_id[0]) if s.eos_token_id else -1
+        running = np.full((batch, beams, length), fill, dtype=np.int64)
+        running[:, :, 0] = s.decoder_start_token_id
+        running_scores = np.zeros((batch, beams), dtype=np.float32)
+        running_scores[:, 1:] = NEG
+        running_idx = np.full((batch, beams, length - 1), -1, dtype=np.int64)
+        return cls(ids=np.arange(batch), running=running, sequences=running.copy(), running_scores=running_scores,
+                   scores_done=np.full((batch, beams), NEG, dtype=np.float32),
+                   finished=np.zeros((batch, beams), dtype=bool), improvable=np.ones((batch, 1), dtype=bool),
+                   running_idx=running_idx, beam_idx_done=running_idx.copy())
+
+    def keep(self, alive: np.ndarray) -> None:
+        """Only the documents `alive` (rows) search on."""
+        self.ids = self.ids[alive]
+        self.running, self.running_scores, self.running_idx = \
+            self.running[alive], self.running_scores[alive], self.running_idx[alive]
+        self.sequences, self.scores_done, self.beam_idx_done = \
+            self.sequences[alive], self.scores_done[alive], self.beam_idx_done[alive]
+        self.finished, self.improvable = self.finished[alive], self.improvable[alive]
+
+
 def beam_search(first_step: FirstStep, next_step: NextStep, search_ops: Any, hidden: np.ndarray, mask: np.ndarray,
                 s: Search, per_document: frozenset[str] = frozenset()) -> np.ndarray:
     """Token ids [batch, length] of beam search, as `model.generate` returns them. The past entries named in
@@ -80,96 +118,103 @@ def beam_search(first_step: FirstStep, next_step: NextStep, search_ops: Any, hid
     # A transcription of transformers' GenerationMixin._beam_search (v5) in numpy, float32 throughout.
     batch, beams, length = hidden.shape[0], s.num_beams, s.max_length
     keep = max(2, 1 + len(s.eos_token_id)) * beams
-    top_mask = np.arange(keep) < beams
-    fill = (s.pad_token_id or s.eos_token_id[0]) if s.eos_token_id else -1
-    running = np.full((batch, beams, length), fill, dtype=np.int64)
-    running[:, :, 0] = s.decoder_start_token_id
-    ids = np.arange(batch)  # the original position of each document still in the batch
+    state = _Beams.start(batch, beams, length, s)
     done: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # document -> (best sequence, its beam indices)
-    sequences = running.copy()
-    running_scores = np.zeros((batch, beams), dtype=np.float32)
-    running_scores[:, 1:] = NEG
-    scores_done = np.full((batch, beams), NEG, dtype=np.float32)
-    finished = np.zeros((batch, beams), dtype=bool)
-    improvable = np.ones((batch, 1), dtype=bool)
-    running_idx = np.full((batch, beams, length - 1), -1, dtype=np.int64)
-    beam_idx_done = running_idx.copy()
     # Every beam of a document starts from the same token, so the first step runs once per document and its
     # outputs are repeated for the beams: it computes the cross-attention keys and values of the whole
     # source, which at beam 4 cost as much as two thirds of the encoder when each beam computed its own.
-    logits, past = first_step(running[:, 0, :1], hidden, mask)
+    logits, past = first_step(state.running[:, 0, :1], hidden, mask)
     logits = np.repeat(logits, beams, axis=0)
     past = {n: v if n in per_document else np.repeat(v, beams, axis=0) for n, v in past.items()}
     mask = np.repeat(mask, beams, axis=0)
     cur = 1
     while True:
-        flat = running[:, :, :cur].reshape(batch * beams, cur)
-        vocab = logits.shape[-1]
-        top_scores, top = candidates(search_ops, logits.astype(np.float32, copy=False), flat, running_scores, keep, s)
-        from_beam, tokens = top // vocab, top % vocab
-        top_idx = take(running_idx, from_beam)
-        top_seq = take(running, from_beam)
-        top_seq[:, :, cur] = tokens
-        top_idx[:, :, cur - 1] = from_beam + np.arange(batch)[:, None] * beams
-        hits = np.isin(tokens, s.eos_token_id) | (cur + 1 >= length)
-        # the best unfinished continuations run on
-        alive_scores = top_scores + hits.astype(np.float32) * NEG
-        nxt = topk(alive_scores, beams)
-        running, running_scores, running_idx = take(top_seq, nxt), take(alive_scores, nxt), take(top_idx, nxt)
-        # finished continuations among the top `beams` enter the finished set if they beat it
-        just_done = hits & top_mask[None, :]
-        done_scores = top_scores / np.float32((cur + 1 - 1) ** s.length_penalty)
-        full = finished.all(axis=-1, keepdims=True) & (s.early_stopping is True)
-        done_scores = done_scores + full.astype(np.float32) * NEG
-        done_scores = done_scores + (~improvable).astype(np.float32) * NEG
-        done_scores = done_scores + (~just_done).astype(np.float32) * NEG
-        merged_scores = np.concatenate([scores_done, done_scores], axis=1)
-        best = topk(merged_scores, beams)
-        sequences = take(np.concatenate([sequences, top_seq], axis=1), best)
-        scores_done = take(merged_scores, best)
-        beam_idx_done = take(np.concatenate([beam_idx_done, top_idx], axis=1), best)
-        finished = take(np.concatenate([finished, just_done], axis=1), best)
-        reorder = running_idx[:, :, cur - 1].reshape(-1)
+        reorder, hits = _step(state, search_ops, logits, cur, keep, s)
         cur += 1
-        hypothetical = length - 1 if s.early_stopping == "never" and s.length_penalty > 0 else cur - 1
-        best_running = running_scores[:, :1] / np.float32(hypothetical ** s.length_penalty)
-        worst_done = np.where(finished, scores_done.min(axis=1, keepdims=True), np.float32(-1.0e9))
-        improvable = improvable & (best_running > worst_done).any(axis=-1, keepdims=True)
-        go_on = improvable.any() and not (finished.all() and s.early_stopping is True) and not hits.all()
-        if not go_on:
+        if not _goes_on(state, hits, cur, s):
             break
-        # the self-attention cache follows its beams; most rows continue their own beam, so only the rows
-        # that moved are copied, and of them the positions filled (cur - 1: a cache written in place has
-        # room for more), in place: the decoder's outputs are this loop's own arrays
-        moved = np.flatnonzero(reorder != np.arange(reorder.size))
-        if moved.size:
-            for name, value in past.items():
-                if ".decoder." in name:
-                    value[moved, :, :cur - 1] = value[reorder[moved], :, :cur - 1]
-        if not improvable.all():
+        _follow_beams(past, reorder, cur)
+        if not state.improvable.all():
             # A document that cannot improve keeps its finished hypotheses from here on (transformers goes on
             # computing its beams, whose results are then masked out): it leaves the batch, so the decoder
             # runs only on documents still searching. Only the step's own row numbers (`reorder`) refer to
             # positions in the batch, and they were used just above.
-            alive = np.flatnonzero(improvable[:, 0])
-            for b in np.flatnonzero(~improvable[:, 0]):
-                done[ids[b]] = (sequences[b, 0], beam_idx_done[b, 0])
-            ids = ids[alive]
-            running, running_scores, running_idx = running[alive], running_scores[alive], running_idx[alive]
-            sequences, scores_done, beam_idx_done = sequences[alive], scores_done[alive], beam_idx_done[alive]
-            finished, improvable = finished[alive], improvable[alive]
+            alive = np.flatnonzero(state.improvable[:, 0])
+            for b in np.flatnonzero(~state.improvable[:, 0]):
+                done[state.ids[b]] = (state.sequences[b, 0], state.beam_idx_done[b, 0])
+            state.keep(alive)
             rows = (alive[:, None] * beams + np.arange(beams)[None, :]).reshape(-1)
             mask = mask[rows]
             past = {n: v[alive] if n in per_document else v[rows] for n, v in past.items()}
-            batch = alive.size
-        tokens_in = running[:, :, cur - 1].reshape(-1, 1)
+        tokens_in = state.running[:, :, cur - 1].reshape(-1, 1)
         logits, past = next_step(tokens_in, mask, past)
-    for b, doc in enumerate(ids):
-        done[doc] = (sequences[b, 0], beam_idx_done[b, 0])
+    for b, doc in enumerate(state.ids):
+        done[doc] = (state.sequences[b, 0], state.beam_idx_done[b, 0])
     best_seq = np.stack([done[d][0] for d in range(len(done))])
     best_idx = np.stack([done[d][1] for d in range(len(done))])
     generated = int((best_idx + 1 != 0).sum(axis=1).max())
     return best_seq[:, :1 + generated]
+
+
+def _step(state: _Beams, search_ops: Any, logits: np.ndarray, cur: int, keep: int,
+          s: Search) -> tuple[np.ndarray, np.ndarray]:
+    """One step of the search at position `cur`: the best unfinished continuations run on, the finished ones
+    among the top `beams` enter the finished set if they beat it. Returns (the rows each running beam continues,
+    flat [batch x beams]; which of the `keep` candidates ended)."""
+    batch, beams, length = state.running.shape
+    top_mask = np.arange(keep) < beams
+    flat = state.running[:, :, :cur].reshape(batch * beams, cur)
+    vocab = logits.shape[-1]
+    top_scores, top = candidates(search_ops, logits.astype(np.float32, copy=False), flat, state.running_scores,
+                                 keep, s)
+    from_beam, tokens = top // vocab, top % vocab
+    top_idx = take(state.running_idx, from_beam)
+    top_seq = take(state.running, from_beam)
+    top_seq[:, :, cur] = tokens
+    top_idx[:, :, cur - 1] = from_beam + np.arange(batch)[:, None] * beams
+    hits = np.isin(tokens, s.eos_token_id) | (cur + 1 >= length)
+    # the best unfinished continuations run on
+    alive_scores = top_scores + hits.astype(np.float32) * NEG
+    nxt = topk(alive_scores, beams)
+    state.running, state.running_scores, state.running_idx = \
+        take(top_seq, nxt), take(alive_scores, nxt), take(top_idx, nxt)
+    # finished continuations among the top `beams` enter the finished set if they beat it
+    just_done = hits & top_mask[None, :]
+    done_scores = top_scores / np.float32((cur + 1 - 1) ** s.length_penalty)
+    full = state.finished.all(axis=-1, keepdims=True) & (s.early_stopping is True)
+    done_scores = done_scores + full.astype(np.float32) * NEG
+    done_scores = done_scores + (~state.improvable).astype(np.float32) * NEG
+    done_scores = done_scores + (~just_done).astype(np.float32) * NEG
+    merged_scores = np.concatenate([state.scores_done, done_scores], axis=1)
+    best = topk(merged_scores, beams)
+    state.sequences = take(np.concatenate([state.sequences, top_seq], axis=1), best)
+    state.scores_done = take(merged_scores, best)
+    state.beam_idx_done = take(np.concatenate([state.beam_idx_done, top_idx], axis=1), best)
+    state.finished = take(np.concatenate([state.finished, just_done], axis=1), best)
+    return state.running_idx[:, :, cur - 1].reshape(-1), hits
+
+
+def _goes_on(state: _Beams, hits: np.ndarray, cur: int, s: Search) -> bool:
+    """Whether another step can change the result (updating which documents can still improve); `cur`: the
+    length of the sequences after this step."""
+    length = state.running.shape[2]
+    hypothetical = length - 1 if s.early_stopping == "never" and s.length_penalty > 0 else cur - 1
+    best_running = state.running_scores[:, :1] / np.float32(hypothetical ** s.length_penalty)
+    worst_done = np.where(state.finished, state.scores_done.min(axis=1, keepdims=True), np.float32(-1.0e9))
+    state.improvable = state.improvable & (best_running > worst_done).any(axis=-1, keepdims=True)
+    return bool(state.improvable.any() and not (state.finished.all() and s.early_stopping is True)
+                and not hits.all())
+
+
+def _follow_beams(past: dict[str, np.ndarray], reorder: np.ndarray, cur: int) -> None:
+    """The self-attention cache follows its beams; most rows continue their own beam, so only the rows that moved
+    are copied, and of them the positions filled (cur - 1: a cache written in place has room for more), in place:
+    the decoder's outputs are the search's own arrays."""
+    moved = np.flatnonzero(reorder != np.arange(reorder.size))
+    if moved.size:
+        for name, value in past.items():
+            if ".decoder." in name:
+                value[moved, :, :cur - 1] = value[reorder[moved], :, :cur - 1]
 
 
 def candidates(search_ops: Any, logits: np.ndarray, flat: np.ndarray, running_scores: np.ndarray, keep: int,
