@@ -384,7 +384,7 @@ def pseudolabel_part(args, model: Path, work: Path, results: Results) -> str:
 def training_file(args, tokenizer, work: Path, count: int) -> Path:
     """`count` pairs of exactly --max-source-length and --max-target-length tokens: consecutive sample documents
     (summaries) joined until they are longer than that, so truncation cuts every one to the same length."""
-    from modelshrink.steps.distill import tokenize_pairs
+    from modelshrink.seq2seq_training import tokenize_pairs
 
     rows = [json.loads(line) for line in args.data.read_text().splitlines()]
     sizes = {key: [len(x) for x in tokenizer([r[key] for r in rows], add_special_tokens=False)["input_ids"]]
@@ -442,8 +442,8 @@ def plain_batches(model_dir: Path, pairs: Path, batch: int, args) -> tuple[list[
     the plain loop calls inside its steps as distill does."""
     from transformers import AutoTokenizer
 
-    from modelshrink.steps.distill import make_collate, tokenize_pairs
-    from modelshrink.train import make_batches
+    from modelshrink.seq2seq_training import make_collate, tokenize_pairs
+    from modelshrink.batches import make_batches
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = [json.loads(line) for line in pairs.read_text().splitlines()]

@@ -105,6 +105,7 @@ def test_command_parameters_are_the_options_fields(step):
             assert p.type_descriptor.annotation is hint, (step, f.name, p.type_descriptor.annotation)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", sorted(EXAMPLES))
 def test_manifest_options_replay_as_a_recipe(step, tmp_path, monkeypatch):
     """A manifest's `options`, written as a TOML table, is a recipe giving back the same Options,
@@ -184,6 +185,7 @@ def runs(tmp_path_factory, saved_models):
     return out
 
 
+@pytest.mark.slow
 def test_validation_json_has_one_schema(runs):
     for name, (folder, _) in runs.items():
         validation = json.loads((folder / "validation.json").read_text())
@@ -192,6 +194,7 @@ def test_validation_json_has_one_schema(runs):
         assert read_manifest(folder)["metrics"]["validation"][metric] == validation[metric], name
 
 
+@pytest.mark.slow
 def test_every_model_card_opens_with_the_hubs_metadata_and_says_what_the_manifest_says(runs, tmp_path):
     """huggingface_hub's ModelCard (offline) parses each card's front matter: library, task, tags and the model the
     step started from, as the manifest records them; an export's card says onnxruntime and the task of its data."""
@@ -217,6 +220,7 @@ def test_every_model_card_opens_with_the_hubs_metadata_and_says_what_the_manifes
     assert {"modelshrink", "onnx"} <= set(data["tags"])
 
 
+@pytest.mark.slow
 def test_eval_puts_its_scores_in_the_scored_models_model_index(runs, tmp_path):
     """After `eval`, the model's card has a model-index with eval's own numbers, task and data (ModelCard reads it
     back); the manifest, which pins every file but the card, is untouched and still verifies."""
@@ -259,6 +263,7 @@ def test_eval_puts_its_scores_in_the_scored_models_model_index(runs, tmp_path):
     assert (old / "README.md").read_text() == before and verify_files(old) == []
 
 
+@pytest.mark.slow
 def test_model_card_reproduce_line_is_its_own_step(runs, monkeypatch):
     for name, (folder, args) in runs.items():
         card = (folder / "README.md").read_text()
@@ -270,6 +275,7 @@ def test_model_card_reproduce_line_is_its_own_step(runs, monkeypatch):
         assert _parsed(monkeypatch, words[1:]) == options, name
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_output_changes_nothing(runs):
     for name, (folder, args) in runs.items():
         before = {p.name: sha256_file(p) for p in folder.iterdir() if p.is_file()}
@@ -351,7 +357,7 @@ def test_runtime_imports_no_torch():
 def test_the_options_sit_under_the_modules_that_read_them():
     """Importing every step's options pulls in no torch and none of the modules that read them: only the options
     themselves and torch-free leaves (errors and the runtime's error type, precision names, significance methods,
-    `quant.spec`: what --bits means)."""
+    metric names, `quant.spec`: what --bits means)."""
     import subprocess
     import sys
 
@@ -362,8 +368,10 @@ def test_the_options_sit_under_the_modules_that_read_them():
                                          text=True).stdout.rsplit(" ", 1)
     leaves = ("modelshrink.options", "modelshrink.runtime", "modelshrink.errors", "modelshrink.precision",
               "modelshrink.metrics", "modelshrink.quant.spec")
-    outside = {n for n in names.split() if not n.startswith(leaves)} - {"modelshrink", "modelshrink.quant"}
-    assert {"modelshrink.metrics.stats"} >= {n for n in names.split() if n.startswith("modelshrink.metrics.")}
+    outside = {n for n in names.split() if not n.startswith(leaves)} - {"modelshrink", "modelshrink._version",
+                                                                          "modelshrink.quant"}
+    assert {"modelshrink.metrics.stats", "modelshrink.metrics.names"} >= {
+        n for n in names.split() if n.startswith("modelshrink.metrics.")}
     assert not outside and torch_loaded.strip() == "False", (outside, torch_loaded)
 
 
@@ -433,6 +441,7 @@ _BASES = {"pseudolabel": dict(teacher="t", data="d.jsonl"), "distill": dict(data
           "export": dict(model="m"), "quickstart": dict()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", sorted(EXAMPLES))
 def test_every_option_away_from_its_default_is_recorded_and_replayed_or_refused_in_one_line(step, tmp_path,
                                                                                             monkeypatch):

@@ -37,6 +37,7 @@ def _log(path):
     return [json.loads(line) for line in (path / "train_log.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_tiny_model_overfits_16_pairs(pairs, tmp_path):
     from transformers import BartConfig, BartForConditionalGeneration
 
@@ -74,6 +75,7 @@ def test_max_steps_zero_writes_the_shrunk_student(saved_models, pairs, tmp_path)
     assert read_manifest(out)["resolved"]["layer_map"] == {"encoder": [0, 1], "decoder": [1]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bart", "t5", "bert2bert"])
 def test_word_level_losses_train_every_family(family, saved_models, pairs, tmp_path):
     out = distill(_opts(pairs, teacher=str(saved_models[family]), decoder_layers=1, max_steps=3, kd_logits="mse",
@@ -85,6 +87,7 @@ def test_word_level_losses_train_every_family(family, saved_models, pairs, tmp_p
     assert set(json.loads((out / "validation.json").read_text())) >= {"rouge1", "rouge2", "rougeL", "step"}
 
 
+@pytest.mark.slow
 def test_resume_gives_the_same_weights_as_an_uninterrupted_run(saved_models, pairs, tmp_path):
     kw = dict(teacher=str(saved_models["bart"]), decoder_layers=1, max_steps=12, save_every=5, lr=1e-3,
               kd_logits="kl")
@@ -110,6 +113,7 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(saved_models, pai
     assert (out / "modelshrink.json").read_text() == before
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(saved_models, pairs, tmp_path, monkeypatch):
     from modelshrink import losses
 
@@ -192,6 +196,7 @@ def test_bad_models_and_tokenizers(saved_models, classifier_path, pairs, tmp_pat
     assert "give a starting point" in bad()
 
 
+@pytest.mark.slow
 def test_two_process_accelerate_launch_writes_one_artifact(saved_models, pairs, tmp_path):
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -211,7 +216,8 @@ def test_two_process_accelerate_launch_writes_one_artifact(saved_models, pairs, 
 
 
 def test_token_budget_batches_respect_the_budget_and_cover_every_example():
-    from modelshrink.train import TrainOptions, make_batches
+    from modelshrink.batches import make_batches
+    from modelshrink.train import TrainOptions
 
     lengths = [5, 40, 12, 33, 7, 21, 64, 3, 18, 50] * 7
     options = TrainOptions(max_steps=1, batch_size=4, max_tokens=100, seed=3)
@@ -224,7 +230,7 @@ def test_token_budget_batches_respect_the_budget_and_cover_every_example():
 
 
 def test_early_stopping_and_best_checkpoint(saved_models, pairs, tmp_path, monkeypatch):
-    import modelshrink.steps.distill as d
+    import modelshrink.seq2seq_training as d
 
     scores = iter([5.0, 7.0, 6.0, 6.5, 9.0, 9.0])
 

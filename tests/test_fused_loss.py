@@ -150,11 +150,12 @@ def _has_gradient(name):
     return not name.endswith(("k_proj.bias", "key.bias"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_distill_loss_gives_the_same_gradients_with_and_without_the_fused_loss(family):
     from types import SimpleNamespace
 
-    from modelshrink.steps.distill import make_collate, make_loss, tokenize_pairs
+    from modelshrink.seq2seq_training import make_collate, make_loss, tokenize_pairs
 
     model, tok = build(family)
     rows = [SimpleNamespace(document=d, reference=s) for d, s in zip(DOCUMENTS[:4], SUMMARIES[:4])]
@@ -213,15 +214,18 @@ def _distance(weights, other):
     return max(float((value - other[name]).abs().max()) for name, value in weights.items() if _has_gradient(name))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_distill_trains_the_same_with_and_without_the_fused_loss(family, plain_models, pairs, tmp_path):
     _assert_same_training(*_both(pairs, tmp_path, student=str(plain_models[family])))
 
 
+@pytest.mark.slow
 def test_hidden_state_distillation_with_the_fused_loss_and_a_headless_teacher(saved_models, pairs, tmp_path):
     _assert_same_training(*_both(pairs, tmp_path, teacher=str(saved_models["t5"]), decoder_layers=1, kd_hidden=1.0))
 
 
+@pytest.mark.slow
 def test_bf16_distill_with_the_fused_loss_is_as_close_to_fp32_as_without(saved_models, pairs, tmp_path):
     """bf16 rounds the gradients (to about 0.5%) in a different order with the fused loss, and AdamW turns that
     into steps of size lr on small gradients: the runs are compared through their distance to float32's."""
@@ -231,6 +235,7 @@ def test_bf16_distill_with_the_fused_loss_is_as_close_to_fp32_as_without(saved_m
     assert _distance(fused[1], fp32) <= 1.5 * _distance(plain[1], fp32)
 
 
+@pytest.mark.slow
 def test_two_processes_train_the_same_with_and_without_the_fused_loss(saved_models, pairs, tmp_path):
     """Under DDP (find_unused_parameters) the head's parameters must count as used in the forward: BERT's head
     bias is used nowhere else."""

@@ -18,11 +18,11 @@ from conftest import DOCUMENTS, SUMMARIES, build, translator, write_jsonl
 from modelshrink.artifacts import read_manifest
 from modelshrink.cli import app
 from modelshrink.errors import UserError
-from modelshrink.quant.budget import PLAN_NAME, allocate, parse_candidates
+from modelshrink.quant.budget import PLAN_NAME, allocate
 from modelshrink.quant.groups import weight_groups
 from modelshrink.quant.model import WEIGHTS_NAME, load_quantized, predicted_bytes, save_quantized
 from modelshrink.quant.modules import latent_weights, quantize_model
-from modelshrink.quant.spec import Group, parse_bits
+from modelshrink.quant.spec import Group, parse_bits, parse_candidates
 from modelshrink.steps.quantize import QuantizeOptions, quantize
 
 runner = CliRunner()
@@ -163,7 +163,7 @@ def test_export_keeps_each_layer_in_its_own_bits(plain_models, tmp_path):
     assert result.exit_code == 0, result.output
     manifest = read_manifest(out)
     assert manifest["metrics"]["passed"] is True and manifest["resolved"]["quantized_artifact"] == bits
-    assert manifest["resolved"]["weights"].startswith("quantized: 2 and 4 and 8-bit codes")
+    assert manifest["resolved"]["weights"]["kind"] == "quantized" and manifest["resolved"]["weights"]["widths"] == [2, 4, 8]
     report = json.loads((out / "export_report.json").read_text())
     decoder = next(v for k, v in report["storage"].items() if k.startswith("decoder"))
     assert sorted(decoder["low_bit_widths"]) == [2, 4, 8]

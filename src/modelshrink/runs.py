@@ -1,16 +1,17 @@
-"""The lifecycle of a step that trains, as plain functions beside `ArtifactWriter`.
+"""The lifecycle of a step that trains: `TrainingRun`, which distill, quantize and contrastive drive alike.
 
-Every training step (distill, quantize, contrastive) reads the same way:
-
-    if finished(output, overwrite=..., resume=..., log=log, recorded=options.recorded()): return output
-    accelerator, writer = start_run(output, device, overwrite=..., resume=...)
+    run = TrainingRun("distill", options, output, overwrite=overwrite, resume=resume, log=log)
+    if run.finished():                 # --resume of a complete artifact: nothing to do
+        return run.output
+    accelerator = run.start(device)    # the accelerator and the artifact writer; every process checks the output
     ... build the model(s) ...
-    staging = open_run(accelerator, writer, options.recorded(), parents)
-    result = train(...)
-    keep_best(staging, result, save_final)
-    write_validation(staging, result, metric)
-    card += reproduce_section(options, output, parents)
-    writer.commit(...)
+    staging = run.open(parents)        # the staging folder, the run's options and parents pinned
+    result = train(..., save_best=save_best_with(save), ...)
+    if not run.main:
+        return run.output
+    run.keep_best(result, save_final)  # the best validated weights, or the final ones
+    ... metrics (which may read the weights now in staging) and the card ...
+    return run.commit(result, metrics=..., card=..., resolved=..., metric=...)
 """
 
 from __future__ import annotations
@@ -184,3 +185,55 @@ def reproduce_section(options: Any, output: str | Path, parents: list[dict[str, 
             pin = p.get("manifest_sha256") or p.get("sha256")
             lines.append(f"- {p['role']}: `{p.get('path') or p.get('hub')}`" + (f" (sha256 {pin[:12]}…)" if pin else ""))
     return lines
+
+
+class TrainingRun:
+    """One run of a step that trains, from the output's check to the committed artifact (see the module's
+    docstring for the order of the calls); the step builds its models and calls `train` between `open` and
+    `keep_best`. `staging` is known from `start` on (a resumed run reads what it left there before `open`)."""
+
+    def __init__(self, step: str, options: Any, output: str | Path, *, overwrite: bool = False, resume: bool = False,
+                 log: Callable[[str], None] = lambda m: None):
+        self.step, self.options, self.output = step, options, Path(output)
+        self.overwrite, self.resume, self.log = overwrite, resume, log
+        self.accelerator: Any = None
+        self.writer: Any = None
+        self.parents: list[dict[str, Any]] = []
+
+    def finished(self) -> bool:
+        return finished(self.output, overwrite=self.overwrite, resume=self.resume, log=self.log,
+                        recorded=self.options.recorded())
+
+    def start(self, device: str) -> Any:
+        self.accelerator, self.writer = start_run(self.output, device, overwrite=self.overwrite, resume=self.resume,
+                                                  precision=self.options.precision, trackers=self.options.trackers,
+                                                  tracking_dir=self.options.tracking_dir)
+        return self.accelerator
+
+    @property
+    def main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    @property
+    def staging(self) -> Path:
+        return self.writer.staging
+
+    def open(self, parents: list[dict[str, Any]]) -> Path:
+        self.parents = parents
+        return open_run(self.accelerator, self.writer, self.options.recorded(), parents)
+
+    def keep_best(self, result: Any, save_final: Callable[[Path], None]) -> None:
+        keep_best(self.staging, result, save_final)
+
+    def commit(self, result: Any, *, metrics: dict[str, Any], card: str, resolved: dict[str, Any], metric: str,
+               always: tuple[str, ...] = ()) -> Path:
+        """validation.json, the card closed by its Reproduce and Lineage sections, the manifest with how the run
+        trained (`run_facts`); the artifact committed, its path returned."""
+        from modelshrink.cards import commit_model
+        from modelshrink.train import run_facts
+
+        write_validation(self.staging, result, metric)
+        closing = reproduce_section(self.options, self.output, self.parents, always=always)
+        (self.staging / "README.md").write_text(card + "\n".join(closing) + "\n")
+        return commit_model(self.writer, step=self.step, options=self.options.recorded(), parents=self.parents,
+                            metrics=metrics, resolved={**resolved, **run_facts(self.accelerator, self.options)})

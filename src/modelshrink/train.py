@@ -29,6 +29,7 @@ import torch
 
 from modelshrink.checkpoints import (TrainState, latest_checkpoint, load_checkpoint, prune_best,
                                      prune_checkpoints, save_checkpoint, write_best)
+from modelshrink.batches import make_batches, process_batches
 from modelshrink.errors import UserError
 from modelshrink.options.train import TrainOptions
 
@@ -51,31 +52,6 @@ class TrainResult:
     best: dict[str, Any] | None
     validation: dict[str, float] | None
     log: list[dict[str, Any]] = field(default_factory=list)
-
-
-def make_batches(lengths: list[int], options: TrainOptions, epoch: int) -> list[list[int]]:
-    """This epoch's batches of example indices: a seeded shuffle, then fixed-size batches, or with
-    `max_tokens` batches packed by length (within windows of 100 batches) so that the padded size
-    (longest × count) stays under the budget, then shuffled again."""
-    g = torch.Generator().manual_seed(options.seed * 100_003 + epoch)
-    order = torch.randperm(len(lengths), generator=g).tolist()
-    if options.max_tokens is None:
-        return [order[i:i + options.batch_size] for i in range(0, len(order), options.batch_size)]
-    batches: list[list[int]] = []
-    window = options.batch_size * 100
-    for start in range(0, len(order), window):
-        chunk = sorted(order[start:start + window], key=lambda i: lengths[i])
-        current: list[int] = []
-        for i in chunk:
-            longest = max([lengths[j] for j in current] + [lengths[i]])
-            if current and longest * (len(current) + 1) > options.max_tokens:
-                batches.append(current)
-                current = []
-            current.append(i)
-        if current:
-            batches.append(current)
-    shuffle = torch.randperm(len(batches), generator=g).tolist()
-    return [batches[i] for i in shuffle]
 
 
 def _optimizer(model: Any, options: TrainOptions) -> torch.optim.Optimizer:
@@ -225,14 +201,6 @@ class _Validation:
             patience = self.options.early_stopping
             stop = patience is not None and state.evals_without_gain >= patience
         return _broadcast(self.accelerator, stop)
-
-
-def _my_batches(lengths: list[int], options: TrainOptions, epoch: int, accelerator: Any) -> list[list[int]]:
-    """This process's batches of the epoch: every world_size-th, equal counts on every process (for DDP)."""
-    world = accelerator.num_processes
-    batches = make_batches(lengths, options, epoch)
-    usable = len(batches) // (world * options.grad_accum) * world * options.grad_accum
-    return batches[accelerator.process_index:usable:world]
 
 
 class _Pending:
@@ -416,7 +384,7 @@ def _loop(ddp: Any, stepper: Any, optimizer: Any, scheduler: Any, state: TrainSt
     stopped_early = patience is not None and state.evals_without_gain >= patience
     pending = _Pending(accelerator.device)
     while state.step < total and not stopped_early:
-        mine = _my_batches(lengths, options, state.epoch, accelerator)
+        mine = process_batches(lengths, options, state.epoch, accelerator)
         for position in range(state.batch_in_epoch, len(mine), options.grad_accum):
             group = mine[position:position + options.grad_accum]
             with step_context():

@@ -10,7 +10,7 @@ from modelshrink.metrics.names import ALL_METRICS
 from modelshrink.options import REQUIRED, opt, options_class
 from modelshrink.options.generation import GEN
 from modelshrink.options.train import DATA, OPT, SPLITS, VAL, TrainOptions
-from modelshrink.quant.spec import parse_bits
+from modelshrink.quant.spec import check_budget_spec, parse_bits, parse_candidates
 
 TRAIN = "Training (--method distill)"
 BUDGET = "Bits under a size budget"
@@ -85,8 +85,6 @@ class QuantizeOptions(TrainOptions):
         self.spec: Any = parse_bits(self.bits, self.allow_low_activation_bits, self.granularity,
                                     self.activation_clip)
         if self.budget_mb is not None:
-            from modelshrink.quant.budget import check_budget_spec, parse_candidates
-
             check_budget_spec(self.spec)
             parse_candidates(self.candidate_bits)
             if self.data is None:

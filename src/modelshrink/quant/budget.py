@@ -34,30 +34,11 @@ from modelshrink.errors import UserError
 from modelshrink.quant.groups import weight_groups, weight_of
 from modelshrink.quant.model import predicted_bytes
 from modelshrink.quant.packing import packed_bytes
-from modelshrink.quant.spec import SUPPORTED_BITS, Group, QuantSpec, Selector
+from modelshrink.quant.spec import Group, QuantSpec, Selector
 
 PLAN_NAME = "bit_plan.json"
 UNITS = 20_000  # steps of the knapsack over the budget
 MB = 1_000_000
-
-
-def parse_candidates(text: str) -> tuple[int, ...]:
-    """'2,4,8' → (2, 4, 8): the widths a budget chooses from, at least two."""
-    try:
-        values = sorted({int(p) for p in str(text).split(",") if p.strip()})
-    except ValueError:
-        values = []
-    if len(values) < 2 or any(v not in SUPPORTED_BITS for v in values):
-        raise UserError(f"--candidate-bits takes two or more widths from 2 to 8, such as 2,4,8; got '{text}'")
-    return tuple(values)
-
-
-def check_budget_spec(spec: QuantSpec) -> None:
-    """With a budget, --bits gives the activation bits and pins; W and E must not claim every weight."""
-    if (spec.weight_bits, spec.embedding_bits) != (8, 8):
-        raise UserError(f"--bits {spec.label} sets every weight's bits, and --budget-mb chooses them: give the budget "
-                        f"with --bits 8-8-{spec.activation_bits} (and rules to pin layers, such as "
-                        f"8-8-{spec.activation_bits},lm_head=8), or drop --budget-mb")
 
 
 @dataclass

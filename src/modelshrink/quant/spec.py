@@ -161,3 +161,22 @@ def parse_bits(text: str, allow_low_activation_bits: bool = False, granularity: 
         raise UserError(f"--activation-clip takes a positive number (the DQ-BART authors use 2.5), got {activation_clip}")
     rules = tuple(_parse_rule(r, text) for r in rule_texts)
     return QuantSpec(w, e, a, granularity, None if activation_clip is None else float(activation_clip), rules)
+
+
+def parse_candidates(text: str) -> tuple[int, ...]:
+    """'2,4,8' → (2, 4, 8): the widths a budget chooses from, at least two."""
+    try:
+        values = sorted({int(p) for p in str(text).split(",") if p.strip()})
+    except ValueError:
+        values = []
+    if len(values) < 2 or any(v not in SUPPORTED_BITS for v in values):
+        raise UserError(f"--candidate-bits takes two or more widths from 2 to 8, such as 2,4,8; got '{text}'")
+    return tuple(values)
+
+
+def check_budget_spec(spec: QuantSpec) -> None:
+    """With a budget, --bits gives the activation bits and pins; W and E must not claim every weight."""
+    if (spec.weight_bits, spec.embedding_bits) != (8, 8):
+        raise UserError(f"--bits {spec.label} sets every weight's bits, and --budget-mb chooses them: give the budget "
+                        f"with --bits 8-8-{spec.activation_bits} (and rules to pin layers, such as "
+                        f"8-8-{spec.activation_bits},lm_head=8), or drop --budget-mb")

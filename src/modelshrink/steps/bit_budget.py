@@ -10,10 +10,9 @@ from typing import Any, Callable
 import torch
 
 from modelshrink.options.quantize import QuantizeOptions
-from modelshrink.quant.budget import (MB, PLAN_NAME, Plan, apply_plan, batched, calibration_rows, check_budget_spec,
-                                      parse_candidates, plan_bits, smallest_bytes)
+from modelshrink.quant.budget import MB, PLAN_NAME, Plan, apply_plan, batched, calibration_rows, plan_bits, smallest_bytes
 from modelshrink.quant.modules import quantize_model
-from modelshrink.quant.spec import QuantSpec
+from modelshrink.quant.spec import QuantSpec, check_budget_spec, parse_candidates
 
 Objective = tuple[list[Any], Callable[[Any], Any], Callable[[Any, Any, Any], torch.Tensor]]
 
@@ -27,7 +26,7 @@ def seq2seq_objective(rows: list[Any], tokenizer: Any, teacher: Any, max_source_
     """(batches, teacher logits of a batch, loss of a model on a batch given them): cross-entropy on the reference
     plus the MSE to the teacher's logits on the target tokens."""
     from modelshrink import losses
-    from modelshrink.steps.distill import decoder_inputs, make_collate, tokenize_pairs
+    from modelshrink.seq2seq_training import decoder_inputs, make_collate, tokenize_pairs
 
     collate = make_collate(tokenizer.pad_token_id)
     tokenized = tokenize_pairs(rows, tokenizer, max_source_length, max_target_length)

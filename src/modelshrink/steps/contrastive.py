@@ -18,14 +18,12 @@ import torch
 
 from modelshrink._version import __version__
 from modelshrink.ackd import ACKDObjective, feature_layer_pairs, layer_features
-from modelshrink.cards import commit_model
 from modelshrink.errors import UserError
 from modelshrink.families import encoder_layer_count
 from modelshrink.metrics.names import CLASSIFICATION_METRICS
 from modelshrink.options.contrastive import ContrastiveOptions
-from modelshrink.runs import (finished, keep_best, open_run, parent_refs, reproduce_section, save_best_with,
-                              start_run, training_metrics, write_validation)
-from modelshrink.train import enable_gradient_checkpointing, place_teacher, run_facts, train
+from modelshrink.runs import TrainingRun, parent_refs, save_best_with, training_metrics
+from modelshrink.train import enable_gradient_checkpointing, place_teacher, train
 
 # ---------------------------------------------------------------- labels
 
@@ -254,13 +252,11 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     from modelshrink import classify
     from modelshrink.models import resolve_device, save_model, source_length, task_of
 
-    output = Path(output)
-    if finished(output, overwrite=overwrite, resume=resume, log=log, recorded=options.recorded()):
-        return output
-    accelerator, writer = start_run(output, resolve_device(options.device), overwrite=overwrite, resume=resume,
-                                    precision=options.precision,
-                                    trackers=options.trackers, tracking_dir=options.tracking_dir)
-    main = accelerator.is_main_process
+    run = TrainingRun("contrastive", options, output, overwrite=overwrite, resume=resume, log=log)
+    if run.finished():
+        return run.output
+    accelerator = run.start(resolve_device(options.device))
+    main = run.main
 
     built = build_models(options, log)
     teacher, student, tokenizer = built["teacher"], built["student"], built["tokenizer"]
@@ -276,17 +272,7 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     distilling = not options.finetune
     contrast = _contrast_labels(options, rows, task, distilling, resolved)
 
-    pairs = _feature_pairs(options, teacher, student, built["layer_ids"]) if distilling and (options.pt or options.acdl) \
-        else []
-    if pairs:
-        resolved["feature_pairs"] = [list(p) for p in pairs]
-    torch.manual_seed(options.seed)  # the SAR predictors' initialisation
-    objective = ACKDObjective(student, pairs, alpha=options.alpha if distilling else 1.0, beta=options.beta,
-                              gamma=options.gamma, temperature=options.temperature, kd=distilling and options.kd,
-                              pt=distilling and options.pt, acdl=distilling and options.acdl, sar=options.sar,
-                              storage_size=options.storage_size if options.storage else None,
-                              predictor_layers=options.predictor_layers, pooling=options.feature_pooling,
-                              negatives=options.negatives, contrast_temperature=options.contrast_temperature)
+    objective, pairs = _objective(options, built, distilling, resolved)
     if options.gradient_checkpointing:
         enable_gradient_checkpointing(student)
     if teacher is not None:
@@ -294,9 +280,8 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
 
     max_length = source_length(options.max_length, tokenizer, student.config, "--max-length", preferred=128)
     resolved["max_length"] = max_length
-    parents = parent_refs(("data", options.data), ("teacher", options.teacher), ("student", options.student),
-                          ("validation", options.validation))
-    staging = open_run(accelerator, writer, options.recorded(), parents)
+    staging = run.open(parent_refs(("data", options.data), ("teacher", options.teacher),
+                                   ("student", options.student), ("validation", options.validation)))
 
     examples = classify.tokenize_labeled(rows, tokenizer, max_length)
     for example, c in zip(examples, contrast):
@@ -325,18 +310,36 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
                    resume=resume, progress=progress, log=log, hparams=options.recorded())
     objective = accelerator.unwrap_model(objective)
     if not main:
-        return output
-    keep_best(staging, result, lambda folder: save(objective, folder))
-
-    return _commit(options, output, writer, staging, accelerator, objective, built, result, teacher_validation,
-                   resolved, parents)
+        return run.output
+    run.keep_best(result, lambda folder: save(objective, folder))
+    return _commit(run, objective, built, result, teacher_validation, resolved)
 
 
-def _commit(options: ContrastiveOptions, output: Path, writer: Any, staging: Path, accelerator: Any, objective: Any,
-            built: dict[str, Any], result: Any, teacher_validation: dict[str, Any] | None, resolved: dict[str, Any],
-            parents: list[dict[str, Any]]) -> Path:
-    """The trained student's metrics, validation.json and model card; the artifact committed."""
+def _objective(options: ContrastiveOptions, built: dict[str, Any], distilling: bool,
+               resolved: dict[str, Any]) -> tuple[ACKDObjective, list[tuple[int, int]]]:
+    """The student wrapped with its ACKD terms (the SAR predictors seeded), and the (teacher, student) layer pairs
+    whose features the PT and ACDL terms compare (recorded in `resolved`)."""
+    teacher, student = built["teacher"], built["student"]
+    pairs = (_feature_pairs(options, teacher, student, built["layer_ids"])
+             if distilling and (options.pt or options.acdl) else [])
+    if pairs:
+        resolved["feature_pairs"] = [list(p) for p in pairs]
+    torch.manual_seed(options.seed)  # the SAR predictors' initialisation
+    objective = ACKDObjective(student, pairs, alpha=options.alpha if distilling else 1.0, beta=options.beta,
+                              gamma=options.gamma, temperature=options.temperature, kd=distilling and options.kd,
+                              pt=distilling and options.pt, acdl=distilling and options.acdl, sar=options.sar,
+                              storage_size=options.storage_size if options.storage else None,
+                              predictor_layers=options.predictor_layers, pooling=options.feature_pooling,
+                              negatives=options.negatives, contrast_temperature=options.contrast_temperature)
+    return objective, pairs
+
+
+def _commit(run: TrainingRun, objective: Any, built: dict[str, Any], result: Any,
+            teacher_validation: dict[str, Any] | None, resolved: dict[str, Any]) -> Path:
+    """The trained student's metrics and model card; the artifact committed."""
     from modelshrink.efficiency import parameter_count
+
+    options = run.options
 
     metrics: dict[str, Any] = {"parameters": parameter_count(objective.student), **training_metrics(result),
                                "loss_terms": options.terms()}
@@ -345,13 +348,9 @@ def _commit(options: ContrastiveOptions, output: Path, writer: Any, staging: Pat
         metrics["parameter_ratio"] = round(metrics["teacher_parameters"] / metrics["parameters"], 4)
     if teacher_validation is not None:
         metrics["teacher_validation"] = teacher_validation
-    write_validation(staging, result, options.metric)
-    card = model_card(options, output, built, metrics, resolved)
-    (staging / "README.md").write_text(card + "\n".join(reproduce_section(options, output, parents,
-                                                                       always=("teacher", "student"))) + "\n")
-    resolved.update(run_facts(accelerator, options))
-    return commit_model(writer, step="contrastive", options=options.recorded(), parents=parents,
-                        metrics=metrics, resolved=resolved)
+    card = model_card(options, run.output, built, metrics, resolved)
+    return run.commit(result, metrics=metrics, card=card, resolved=resolved, metric=options.metric,
+                      always=("teacher", "student"))
 
 
 def _contrast_labels(options: ContrastiveOptions, rows: list[dict[str, Any]], task: str, distilling: bool,

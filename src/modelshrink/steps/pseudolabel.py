@@ -97,10 +97,19 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     if not launch.main:
         return output
 
+    metrics = _merged_metrics(staging, launch, total, counts["generated"], seconds, teacher, log)
+    if teacher.recorder.plot_name is not None:
+        resolved["attention_plot"] = teacher.recorder.plot_name
+    return writer.commit(step="pseudolabel", kind="dataset", options=recorded, parents=parents, metrics=metrics,
+                         resolved=resolved)
+
+
+def _merged_metrics(staging: Path, launch: Any, total: int, generated: int, seconds: float, teacher: Any,
+                    log: Callable[[str], None]) -> dict[str, Any]:
+    """The processes' parts merged into data.jsonl; what the manifest records of the run."""
     words, empty, attention_rows = _merge_parts(staging, launch, total)
     if empty:
         log(f"warning: the teacher wrote {empty} empty summaries (of {total})")
-    generated = counts["generated"]
     metrics = {
         "documents": total,
         "generated_this_run": generated,
@@ -113,10 +122,7 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     attention = teacher.recorder.summary(attention_rows)
     if attention is not None:
         metrics["attention"] = attention
-    if teacher.recorder.plot_name is not None:
-        resolved["attention_plot"] = teacher.recorder.plot_name
-    return writer.commit(step="pseudolabel", kind="dataset", options=recorded, parents=parents, metrics=metrics,
-                         resolved=resolved)
+    return metrics
 
 
 def _columns_and_count(options: PseudolabelOptions, source: Any) -> tuple[str, str | None, int]:

@@ -25,12 +25,13 @@ from modelshrink.options.distill import DistillOptions
 from modelshrink.options.quantize import QuantizeOptions
 from modelshrink.quant.model import save_quantized
 from modelshrink.quant.modules import check_quantizable, quantize_model
-from modelshrink.runs import (finished, keep_best, open_run, parent_refs, reproduce_section, save_best_with,
-                              start_run, training_metrics, write_validation)
-from modelshrink.train import enable_gradient_checkpointing, place_teacher, run_facts, train
+from modelshrink.runs import TrainingRun, finished, parent_refs, reproduce_section, save_best_with, training_metrics
+from modelshrink.train import enable_gradient_checkpointing, place_teacher, train
 
 __all__ = ["QuantizeOptions", "quantize", "storage_metrics"]
 
+STORED_AS_INTEGERS = ("Weights stored as integers: load with modelshrink (`eval`, `export`, `modelshrink.quant.model."
+                      "load_quantized`); plain `transformers.from_pretrained` finds no weights file it knows and fails.")
 # Options that only a seq2seq model reads, and only a classifier reads.
 SEQ2SEQ_ONLY = ("encoder_layers", "decoder_layers", "summary_column", "num_beams", "max_length", "max_target_length")
 CLASSIFIER_ONLY = ("text_pair_column", "label_column")
@@ -180,12 +181,13 @@ def _direct_plan(options: QuantizeOptions, kind: str, model: Any, device: str, l
     """--method direct --budget-mb: a second, full-precision copy of the model gives the calibration's targets."""
     from modelshrink import classify
     from modelshrink.models import load_classifier, load_seq2seq, source_length
-    from modelshrink.steps import bit_budget, distill
+    from modelshrink.seq2seq_training import read_pairs
+    from modelshrink.steps import bit_budget
 
     if kind == "seq2seq":
         teacher, tokenizer, _ = load_seq2seq(options.model, "model", options.trust_remote_code, device,
                                              allow_pickle=options.allow_pickle)
-        rows = distill.read_pairs(options.data, options.split, options, options.limit)
+        rows = read_pairs(options.data, options.split, options, options.limit)
         length = source_length(options.max_source_length, tokenizer, model.config)
 
         def objective(sample: list[Any]) -> Any:
@@ -226,32 +228,32 @@ def quantize_seq2seq(options: QuantizeOptions, output: str | Path, *, overwrite:
                      progress: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None]) -> Path:
     """Distillation-aware quantization of a seq2seq model (optionally shrunk at the same time)."""
     from modelshrink.models import resolve_device, source_length
-    from modelshrink.steps import distill
+    from modelshrink.seq2seq_training import read_pairs_for, train_seq2seq
+    from modelshrink.steps.distill import model_card
+    from modelshrink.students import build_student, check_widths, student_metrics
 
     settings = distillation_settings(options)
-    output = Path(output)
-    if finished(output, overwrite=overwrite, resume=resume, log=log, recorded=options.recorded()):
-        return output
+    run = TrainingRun("quantize", options, output, overwrite=overwrite, resume=resume, log=log)
+    if run.finished():
+        return run.output
     device = resolve_device(options.device)
-    accelerator, writer = start_run(output, device, overwrite=overwrite, resume=resume, precision=options.precision,
-                                    trackers=options.trackers, tracking_dir=options.tracking_dir)
-    rows, validation_rows = distill.read_pairs_for(settings)
-    built = distill.build_student(settings, device, log)
+    accelerator = run.start(device)
+    rows, validation_rows = read_pairs_for(settings)
+    built = build_student(settings, device, log)
     student, tokenizer = built["student"], built["tokenizer"]
-    distill.check_widths(built["teacher"], student, settings)
+    check_widths(built["teacher"], student, settings)
     max_source_length = source_length(settings.max_source_length, tokenizer, student.config)
     spec, plan = options.spec, None
     if options.budget_mb is not None:
         spec, plan, counts = _seq2seq_plan(options, settings, built, rows, max_source_length,
-                                           writer.staging if resume else None, accelerator, log)
+                                           run.staging if resume else None, accelerator, log)
     else:
         counts = quantize_model(student, spec)
     if options.gradient_checkpointing:
         enable_gradient_checkpointing(student)
-    parents = parent_refs(("data", settings.data), ("teacher", settings.teacher), ("student", settings.student),
-                          ("validation", settings.validation))
-    staging = open_run(accelerator, writer, options.recorded(), parents)
-    if plan is not None and accelerator.is_main_process:
+    staging = run.open(parent_refs(("data", settings.data), ("teacher", settings.teacher),
+                                   ("student", settings.student), ("validation", settings.validation)))
+    if plan is not None and run.main:
         plan.save(staging)
 
     def save(model: Any, folder: Path) -> None:
@@ -259,25 +261,20 @@ def quantize_seq2seq(options: QuantizeOptions, output: str | Path, *, overwrite:
 
     result = None
     if options.max_steps != 0:
-        student, result = distill.train_seq2seq(settings, built, rows, validation_rows, max_source_length, staging,
-                                                accelerator, save, resume=resume, progress=progress, log=log,
-                                                hparams=options.recorded())
-    if not accelerator.is_main_process:
-        return output
-
-    keep_best(staging, result, lambda folder: save(student, folder))
-    metrics = distill.student_metrics(student, built["teacher"], result)
+        student, result = train_seq2seq(settings, built, rows, validation_rows, max_source_length, staging,
+                                        accelerator, save, resume=resume, progress=progress, log=log,
+                                        hparams=options.recorded())
+    if not run.main:
+        return run.output
+    run.keep_best(result, lambda folder: save(student, folder))
+    metrics = student_metrics(student, built["teacher"], result)
     metrics.update({**storage_metrics(staging, student, metrics["teacher_parameters"]), "modules": counts})
     if plan is not None:
         metrics["bit_plan"] = plan_metrics(plan, staging, result.seconds if result else None)
-    write_validation(staging, result, settings.metric)
-    card = distill.model_card(settings, output, built["origin"], metrics, "quantize")
-    (staging / "README.md").write_text(card + "\n".join(plan_card(plan) + reproduce_section(options, output, parents))
-                                       + "\n")
-    resolved = {"bits": asdict(spec), "kind": "seq2seq", "layer_map": built["maps"],
-                "max_source_length": max_source_length, **run_facts(accelerator, options)}
-    return commit_model(writer, step="quantize", options=options.recorded(), parents=parents,
-                        metrics=metrics, resolved=resolved)
+    card = model_card(settings, run.output, built["origin"], metrics, "quantize", STORED_AS_INTEGERS)
+    return run.commit(result, metrics=metrics, card=card + "\n".join(plan_card(plan)), metric=settings.metric,
+                      resolved={"bits": asdict(spec), "kind": "seq2seq", "layer_map": built["maps"],
+                                "max_source_length": max_source_length})
 
 
 def _seq2seq_plan(options: QuantizeOptions, settings: DistillOptions, built: dict[str, Any], rows: list[Any],
@@ -321,30 +318,11 @@ def _classifier_rows(options: QuantizeOptions, config: Any) -> tuple[list[Any], 
     return rows, validation
 
 
-def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwrite: bool, resume: bool,
-                        progress: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None]) -> Path:
-    """Distillation-aware quantization of a sequence classifier: the full-precision classifier teaches
-    its quantized copy (task loss + MSE on logits, hidden states and attention), through the shared loop."""
-    from modelshrink import classify
-    from modelshrink.models import tokenizer_mismatch
-    from modelshrink.efficiency import parameter_count
-    from modelshrink.families import encoder_layer_count
-    from modelshrink.models import load_classifier, resolve_device, source_length, task_of
-    from modelshrink.shrink import spaced_layer_ids
-    from modelshrink.steps import bit_budget
-    from torch.nn.utils import parametrize
+def _classifier_pair(options: QuantizeOptions) -> tuple[Any, Any, Any]:
+    """(teacher, student, tokenizer) on the CPU: the full-precision teacher and the model to quantize, refused in one
+    line where their tokenizers or labels differ."""
+    from modelshrink.models import load_classifier, tokenizer_mismatch
 
-    defaults = {f.name: f.default for f in fields(QuantizeOptions)}
-    given = [k for k in SEQ2SEQ_ONLY if getattr(options, k) != defaults[k]]
-    if given:
-        raise UserError(f"{', '.join('--' + k.replace('_', '-') for k in given)} do not apply to classifiers")
-    output = Path(output)
-    if finished(output, overwrite=overwrite, resume=resume, log=log, recorded=options.recorded()):
-        return output
-    spec = options.spec
-    accelerator, writer = start_run(output, resolve_device(options.device), overwrite=overwrite, resume=resume,
-                                    precision=options.precision,
-                                    trackers=options.trackers, tracking_dir=options.tracking_dir)
     teacher, teacher_tok = load_classifier(options.teacher or options.model, "teacher", options.trust_remote_code,
                                            "cpu", allow_pickle=options.allow_pickle)
     student, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, "cpu",
@@ -354,23 +332,56 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
         raise UserError(f"teacher and student tokenizers differ ({why}); the distillation losses need the same one")
     if teacher.config.num_labels != student.config.num_labels:
         raise UserError(f"teacher has {teacher.config.num_labels} labels, the model {student.config.num_labels}")
+    return teacher, student, tokenizer
+
+
+def _classifier_plan(options: QuantizeOptions, teacher: Any, student: Any, tokenizer: Any, rows: list[Any],
+                     max_length: int, run: TrainingRun):
+    """--budget-mb on a classifier: the full-precision classifier's logits are the calibration's targets."""
+    from modelshrink import classify
+    from modelshrink.steps import bit_budget
+
+    device = run.accelerator.device
+    student.to(device)
+
+    def objective(sample: list[Any]) -> Any:
+        return bit_budget.classifier_objective(classify.tokenize_labeled(sample, tokenizer, max_length),
+                                               tokenizer.pad_token_id, teacher.to(device).eval(), options.batch_size,
+                                               device)
+
+    return bit_budget.quantize_within_budget(options, student, objective, rows,
+                                             run.staging if run.resume else None, run.log, run.accelerator)
+
+
+def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwrite: bool, resume: bool,
+                        progress: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None]) -> Path:
+    """Distillation-aware quantization of a sequence classifier: the full-precision classifier teaches
+    its quantized copy (task loss + MSE on logits, hidden states and attention), through the shared loop."""
+    from torch.nn.utils import parametrize
+
+    from modelshrink import classify
+    from modelshrink.efficiency import parameter_count
+    from modelshrink.families import encoder_layer_count
+    from modelshrink.models import resolve_device, source_length, task_of
+    from modelshrink.shrink import spaced_layer_ids
+
+    defaults = {f.name: f.default for f in fields(QuantizeOptions)}
+    given = [k for k in SEQ2SEQ_ONLY if getattr(options, k) != defaults[k]]
+    if given:
+        raise UserError(f"{', '.join('--' + k.replace('_', '-') for k in given)} do not apply to classifiers")
+    run = TrainingRun("quantize", options, output, overwrite=overwrite, resume=resume, log=log)
+    if run.finished():
+        return run.output
+    accelerator = run.start(resolve_device(options.device))
+    teacher, student, tokenizer = _classifier_pair(options)
     rows, validation = _classifier_rows(options, student.config)
     task = task_of(student.config)
     layer_map = spaced_layer_ids(encoder_layer_count(teacher.config), encoder_layer_count(student.config), "encoder")
     teacher_params = parameter_count(teacher)
     max_length = source_length(options.max_source_length, tokenizer, student.config)
-    plan = None
+    spec, plan = options.spec, None
     if options.budget_mb is not None:
-        device = accelerator.device
-        student.to(device)
-
-        def objective(sample: list[Any]) -> Any:
-            return bit_budget.classifier_objective(classify.tokenize_labeled(sample, tokenizer, max_length),
-                                                   tokenizer.pad_token_id, teacher.to(device).eval(),
-                                                   options.batch_size, device)
-
-        spec, plan, counts = bit_budget.quantize_within_budget(options, student, objective, rows,
-                                                               writer.staging if resume else None, log, accelerator)
+        spec, plan, counts = _classifier_plan(options, teacher, student, tokenizer, rows, max_length, run)
     else:
         counts = quantize_model(student, spec)
     if options.gradient_checkpointing:
@@ -378,11 +389,9 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
     if options.kd_attention:
         teacher.set_attn_implementation("eager")  # the student's quantized attention returns its weights
     teacher = place_teacher(teacher, accelerator.device, options.precision)
-    parents = parent_refs(("model", options.model), ("data", options.data), ("teacher", options.teacher))
-    staging = open_run(accelerator, writer, options.recorded(), parents)
-    if plan is not None and accelerator.is_main_process:
+    staging = run.open(parent_refs(("model", options.model), ("data", options.data), ("teacher", options.teacher)))
+    if plan is not None and run.main:
         plan.save(staging)
-
     train_options = options.train_options()
     train_options.metric = _classifier_metric(options, task)
 
@@ -399,17 +408,12 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
                    save_best=save_best_with(save), resume=resume, progress=progress, log=log,
                    hparams=options.recorded(), step_context=parametrize.cached)
     student = accelerator.unwrap_model(student)
-    if not accelerator.is_main_process:
-        return output
-
-    keep_best(staging, result, lambda folder: save(student, folder))
+    if not run.main:
+        return run.output
+    run.keep_best(result, lambda folder: save(student, folder))
     metrics = {**storage_metrics(staging, student, teacher_params), "modules": counts, **training_metrics(result)}
     if plan is not None:
         metrics["bit_plan"] = plan_metrics(plan, staging, result.seconds)
-    write_validation(staging, result, train_options.metric)
-    card = _card_head(output, options, metrics) + plan_card(plan) + reproduce_section(options, output, parents)
-    (staging / "README.md").write_text("\n".join(card) + "\n")
-    resolved = {"bits": asdict(spec), "kind": "classifier", "task": task, "layer_map": layer_map,
-                **run_facts(accelerator, options)}
-    return commit_model(writer, step="quantize", options=options.recorded(), parents=parents, metrics=metrics,
-                        resolved=resolved)
+    card = "\n".join(_card_head(run.output, options, metrics) + plan_card(plan))
+    return run.commit(result, metrics=metrics, card=card, metric=train_options.metric,
+                      resolved={"bits": asdict(spec), "kind": "classifier", "task": task, "layer_map": layer_map})

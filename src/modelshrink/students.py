@@ -1,0 +1,82 @@
+"""The student of a seq2seq run: built from the teacher's layers (the map φ), given as a model of its own, or
+warm-started from pretrained encoders (bert2bert); its widths checked against the teacher's where losses compare
+them; and what a manifest records of it."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from modelshrink.errors import UserError
+from modelshrink.families import attention_heads, hidden_size
+from modelshrink.options.distill import DistillOptions
+from modelshrink.runs import training_metrics
+from modelshrink.train import TrainResult
+
+
+def check_widths(teacher: Any, student: Any, options: DistillOptions) -> None:
+    """Hidden-state and attention losses compare tensors: the student must have the teacher's width and heads."""
+    if teacher is None or not options.word_level or not (options.kd_hidden > 0 or options.kd_attention > 0):
+        return
+    dims = [(hidden_size(m.config), attention_heads(m.config)) for m in (student, teacher)]
+    if dims[0] != dims[1]:
+        raise UserError(f"--kd-hidden/--kd-attention need the student's hidden size and heads to match the "
+                        f"teacher's: {dims[0]} vs {dims[1]}")
+
+
+def build_student(options: DistillOptions, device: str, log: Callable[[str], None]) -> dict[str, Any]:
+    """Teacher (or None), student, tokenizer, layer maps and where the student came from."""
+    from modelshrink.models import load_seq2seq, tokenizer_mismatch
+    from modelshrink.shrink import check_layer_ids, first_layer_ids, layer_counts, shrink, spaced_layer_ids
+    from modelshrink.warmstart import init_encoder_decoder
+
+    teacher = None
+    if options.teacher is not None:
+        teacher, tokenizer, _ = load_seq2seq(options.teacher, "teacher", options.trust_remote_code, "cpu",
+                                              allow_pickle=options.allow_pickle)
+    if options.init_encoder_decoder is not None:
+        encoder, _, decoder = options.init_encoder_decoder.partition(",")
+        student, tokenizer = init_encoder_decoder(encoder, decoder or None, options.trust_remote_code, options.seed,
+                                                  options.cross_attention_init, allow_pickle=options.allow_pickle)
+        return {"teacher": None, "student": student, "tokenizer": tokenizer, "maps": None,
+                "origin": {"init_encoder_decoder": options.init_encoder_decoder}}
+    if options.student is not None:
+        student, student_tokenizer, _ = load_seq2seq(options.student, "student", options.trust_remote_code, "cpu",
+                                                              allow_pickle=options.allow_pickle)
+        maps = None
+        if teacher is not None and options.word_level:
+            why = tokenizer_mismatch(tokenizer, student_tokenizer)
+            if why:
+                raise UserError(f"teacher and student tokenizers differ ({why}); word-level losses compare "
+                                "token distributions and need the same tokenizer")
+            n_enc_t, n_dec_t = layer_counts(teacher)
+            n_enc_s, n_dec_s = layer_counts(student)
+            maps = {"encoder": spaced_layer_ids(n_enc_t, n_enc_s, "encoder"),
+                    "decoder": spaced_layer_ids(n_dec_t, n_dec_s, "decoder")}
+        return {"teacher": teacher, "student": student, "tokenizer": student_tokenizer, "maps": maps,
+                "origin": {"student": options.student}}
+    n_enc, n_dec = layer_counts(teacher)
+    pick = spaced_layer_ids if options.layer_selection == "spaced" else first_layer_ids
+
+    def ids(count: int | None, explicit: list[int] | None, n: int, side: str) -> list[int]:
+        if explicit is not None:
+            return check_layer_ids(list(explicit), n, side)
+        return pick(n, n if count is None else count, side)
+
+    maps = {"encoder": ids(options.encoder_layers, options.encoder_layer_ids, n_enc, "encoder"),
+            "decoder": ids(options.decoder_layers, options.decoder_layer_ids, n_dec, "decoder")}
+    student = shrink(teacher, maps["encoder"], maps["decoder"])
+    log(f"student: encoder layers {maps['encoder']} of {n_enc}, decoder layers {maps['decoder']} of {n_dec}")
+    return {"teacher": teacher, "student": student, "tokenizer": tokenizer, "maps": maps,
+            "origin": {"teacher": options.teacher, "layer_map": maps}}
+
+
+def student_metrics(student: Any, teacher: Any | None, result: TrainResult | None) -> dict[str, Any]:
+    from modelshrink.efficiency import parameter_count
+
+    metrics: dict[str, Any] = {"parameters": parameter_count(student)}
+    if teacher is not None:
+        metrics["teacher_parameters"] = parameter_count(teacher)
+        metrics["parameter_ratio"] = round(metrics["teacher_parameters"] / metrics["parameters"], 4)
+    if result is not None:
+        metrics.update(training_metrics(result))
+    return metrics
