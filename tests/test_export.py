@@ -170,7 +170,7 @@ def test_int8_export_is_per_channel_validated_and_runs(plain_models, tmp_path):
                                  "--kernel", "int8", *FAST])
     assert result.exit_code == 0, result.output  # the check passes at the stated int8 tolerance
     manifest = read_manifest(tmp_path / "int8")
-    assert manifest["resolved"]["weights"].startswith("int8") and manifest["options"]["per_channel"] is True
+    assert manifest["resolved"]["weights"]["kind"] == "int8" and manifest["options"]["per_channel"] is True
     graph = onnx.load(str(tmp_path / "int8" / "decoder_model_merged.onnx")).graph
     if_node = next(n for n in graph.node if n.op_type == "If")
     nodes = [n for branch in if_node.attribute for n in branch.g.node]  # the If's two branches
@@ -252,7 +252,7 @@ def test_quantized_artifact_keeps_integer_weights(plain_models, tmp_path):
     # cannot load behind); the weights stay 8-bit
     int8 = runner.invoke(app, ["export", str(quantized), "-o", str(tmp_path / "q-int8"), "--int8", *FAST])
     assert int8.exit_code == 0, int8.output
-    assert read_manifest(tmp_path / "q-int8")["resolved"]["weights"].startswith("int8")
+    assert read_manifest(tmp_path / "q-int8")["resolved"]["weights"]["kind"] == "int8"
     assert weight_bytes(tmp_path / "q-int8") < 0.4 * weight_bytes(tmp_path / "float")
 
 

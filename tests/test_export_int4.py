@@ -38,7 +38,7 @@ def test_int4_export_stores_matmul_weights_in_four_bits_and_runs(int4_exports, f
 
     folder = int4_exports[family]
     manifest = read_manifest(folder)
-    assert manifest["resolved"]["weights"].startswith("int4") and manifest["metrics"]["passed"] is True
+    assert manifest["resolved"]["weights"]["kind"] == "int4" and manifest["metrics"]["passed"] is True
     assert manifest["resolved"]["int4"]["block_size"] == 32 and manifest["options"]["int4_block_size"] == 32
     assert all(count > 0 for count in manifest["resolved"]["int4"]["matmuls_converted"].values())
     assert all(count > 0 for count in manifest["resolved"]["int4"]["tables_converted"].values())

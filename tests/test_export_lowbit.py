@@ -82,7 +82,9 @@ def test_low_bits_are_kept_exactly_and_pass_the_check(plain_models, tmp_path, fa
     manifest = read_manifest(out)
     assert manifest["metrics"]["passed"] is True and manifest["resolved"]["quantized_artifact"] == bits
     width = {"2": 2, "3": 4, "4": 4}.get(bits.split("-")[0], 8)  # 2 bits a ternary weight, 4 for 3-4 bits, else 8
-    assert manifest["resolved"]["weights"].startswith(f"quantized: {width}")
+    weights_format = manifest["resolved"]["weights"]
+    assert weights_format["kind"] == "quantized" and weights_format["widths"][0] == width
+    assert weights_format["description"].startswith(f"quantized: {width}")  # the sentence, for people
     weights, nodes, inits = _kernel_weights(out, tmp_path)
     model = load_quantized(quantized)
     linear = {_digest(m.weight.detach().numpy()) for m in model.modules() if isinstance(m, torch.nn.Linear)}

@@ -240,3 +240,65 @@ def test_runtime_source_length_is_the_smaller_of_tokenizer_and_positions():
     assert length(SimpleNamespace(tokenizer_config={"model_max_length": 64},
                                   config={"max_position_embeddings": 1024})) == 64
     assert length(SimpleNamespace(tokenizer_config={}, config={})) == 1024
+
+
+# every sentence an export recorded as its weights before they were data (git history of steps/export.py)
+OLD_WEIGHTS = [
+    ("float32", "float32", (), None, "fp32"),
+    ("int8 (onnxruntime dynamic)", "int8", (8,), None, "q8"),
+    ("int8 (uint8 weights per column: uint8, MatMulNBits or float matmuls)", "int8", (8,), None, "q8"),
+    ("int8 (8-bit weights per column: s8, uint8, MatMulNBits or float matmuls)", "int8", (8,), None, "q8"),
+    ("int4 (MatMulNBits)", "int4", (4,), None, "q4"),
+    ("int4 (MatMulNBits, or float matmuls unpacked at load)", "int4", (4,), None, "q4"),
+    ("int8 initializers + DequantizeLinear", "quantized", (), "dequantize_linear", "int8"),
+    ("int8 initializers (Cast, Mul by their scales)", "quantized", (), "cast_mul", "int8"),
+    ("quantized: 4-bit codes (MatMulNBits, GatherBlockQuantized)", "quantized", (4,), None, "q4"),
+    ("quantized: 4-bit codes (MatMulNBits, GatherBlockQuantized) + int8 initializers + DequantizeLinear",
+     "quantized", (4,), "dequantize_linear", "q4"),
+    ("quantized: 2 and 8-bit codes (MatMulNBits, DynamicQuantizeMatMul or float matmuls; GatherBlockQuantized)",
+     "quantized", (2, 8), None, "q4"),
+    ("quantized: 8-bit codes (MatMulNBits, uint8 or float matmuls; GatherBlockQuantized) + int8 initializers "
+     "(Cast, Mul by their scales)", "quantized", (8,), "cast_mul", "q8"),
+    ("quantized: 2 and 4 and 8-bit codes (MatMulNBits, uint8 or float matmuls; GatherBlockQuantized)",
+     "quantized", (2, 4, 8), None, "q4"),
+]
+
+CURRENT_SENTENCES = {OLD_WEIGHTS[i][0] for i in (0, 3, 5, 6, 7, 11, 12)}  # what the last sentence-writing export wrote
+
+
+@pytest.mark.parametrize("sentence, kind, widths, initializers, dtype", OLD_WEIGHTS)
+def test_weights_recorded_as_a_sentence_by_older_exports_read_as_data(sentence, kind, widths, initializers, dtype):
+    from modelshrink.onnx.layout import dtype_of
+    from modelshrink.runtime.weights import WeightFormat
+
+    found = WeightFormat.from_recorded(sentence)
+    assert (found.kind, found.widths, found.int8_initializers) == (kind, widths, initializers)
+    assert dtype_of(found) == dtype  # the transformers.js name the old prefix table gave it
+    again = WeightFormat.from_recorded(json.loads(json.dumps(found.recorded())))  # as modelshrink.json holds it
+    assert again == found and found.recorded()["description"] == again.description
+    if sentence in CURRENT_SENTENCES:
+        assert found.description == sentence  # the same sentence as before, now only for people
+
+
+def test_the_runtime_reads_either_form_of_the_weights_and_refuses_an_unknown_kind_in_one_line(exported, docs_jsonl,
+                                                                                                tmp_path):
+    import shutil
+
+    from modelshrink.runtime import load
+    from modelshrink.runtime.weights import DEQUANTIZE_LINEAR, FLOAT32
+
+    folder = tmp_path / "old"
+    shutil.copytree(exported["bart"][1], folder)
+    manifest = json.loads((folder / "modelshrink.json").read_text())
+    assert manifest["resolved"]["weights"]["kind"] == FLOAT32 and load(folder).weights.kind == FLOAT32
+    for recorded, dequantized in (("float32", False), ("int8 initializers + DequantizeLinear", True)):
+        manifest["resolved"]["weights"] = recorded  # as an export before the structured form wrote it
+        (folder / "modelshrink.json").write_text(json.dumps(manifest))
+        model = load(folder)
+        assert (model.weights.int8_initializers == DEQUANTIZE_LINEAR) is dequantized
+        assert len(model.summarize([DOCUMENTS[0]], max_length=5, num_beams=1)) == 1
+    manifest["resolved"]["weights"] = {"kind": "fp8", "widths": [8]}  # a newer export's kind
+    (folder / "modelshrink.json").write_text(json.dumps(manifest))
+    result = runner.invoke(app, ["run", str(folder), "--input", str(docs_jsonl)])
+    errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert result.exit_code == 1 and len(errors) == 1 and "'fp8'" in errors[0], result.output

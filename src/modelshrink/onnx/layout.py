@@ -22,15 +22,18 @@ from typing import Any
 
 from modelshrink.errors import UserError
 from modelshrink.families import ENCODER_DECODER_TYPE
-from modelshrink.runtime.files import DEQUANTIZED, DTYPE_SUFFIXES, INT8_SCALED, SUBFOLDER
+from modelshrink.runtime.files import DTYPE_SUFFIXES, SUBFOLDER
+from modelshrink.runtime.weights import FLOAT32, INT4, INT8, WeightFormat
 
 # Seq2seq model types transformers.js 4.3 has a model for (MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES) among
 # those we export; bart, t5, marian, mbart and m2m_100 are tested (tests/test_clients.py). Every classifier type we
 # export is there too.
 TRANSFORMERS_JS_SEQ2SEQ = ("bart", "mbart", "marian", "m2m_100", "t5", "mt5")
-# modelshrink.json's resolved "weights" (see modelshrink.steps.export._weights) -> transformers.js's dtype of the graphs
-DTYPES = {"float32": "fp32", "int8 (": "q8", "int4 (": "q4", "quantized: 2": "q4",
-          "quantized: 3": "q4", "quantized: 4": "q4", "quantized: 8": "q8", INT8_SCALED: "int8", DEQUANTIZED: "int8"}
+# the weights' format (modelshrink.runtime.weights) -> transformers.js's dtype of the graphs
+DTYPES = {FLOAT32: "fp32", INT8: "q8", INT4: "q4"}
+# a quantize artifact's: by the narrowest codes it stores; with none, its int8 initializers
+QUANTIZED_DTYPES = {2: "q4", 3: "q4", 4: "q4", 8: "q8"}
+QUANTIZED_WITHOUT_CODES = "int8"
 
 
 def check_layout(layout: str, kind: str, config: Any, merge: bool) -> None:
@@ -47,15 +50,18 @@ def check_layout(layout: str, kind: str, config: Any, merge: bool) -> None:
                         "decoder_model_merged.onnx only): drop --no-merge")
 
 
-def dtype_of(weights: str) -> str:
+def dtype_of(weights: WeightFormat) -> str:
     """transformers.js's name for how the graphs store their weights."""
-    for prefix, dtype in DTYPES.items():
-        if weights.startswith(prefix):
-            return dtype
-    raise ValueError(f"no transformers.js dtype for weights {weights!r}: add it to DTYPES")
+    if weights.kind in DTYPES:
+        return DTYPES[weights.kind]
+    if not weights.widths:
+        return QUANTIZED_WITHOUT_CODES
+    if min(weights.widths) in QUANTIZED_DTYPES:
+        return QUANTIZED_DTYPES[min(weights.widths)]
+    raise ValueError(f"no transformers.js dtype for weights {weights.description!r}: add it to QUANTIZED_DTYPES")
 
 
-def apply_layout(folder: Path, graphs: list[str], layout: str, weights: str) -> list[str]:
+def apply_layout(folder: Path, graphs: list[str], layout: str, weights: WeightFormat) -> list[str]:
     """Rewrite the finished folder for `layout`; returns the graphs' paths relative to `folder`."""
     if layout == "optimum":
         return graphs

@@ -14,7 +14,9 @@ Command line (also torch-free): `python -m modelshrink.runtime DIR --input docs.
 This folder imports nothing from the rest of modelshrink, so it can be copied into a service on its own.
 Its modules: `model` (loading, the decoder's steps, classification), `search` (greedy and beam search),
 `processors` (bans and forced tokens), `settings` (generation settings), `columns` (which column is the
-text), `jsonl` (reading JSON Lines), `files` (the export folder's file names), `cpu` (whether the processor multiplies int8 weights exactly), `errors` (the user-error type), `cli` (the command line).
+text), `jsonl` (reading JSON Lines), `files` (the export folder's file names), `weights` (how its graphs store
+their weights, as modelshrink.json records it), `cpu` (whether the processor multiplies int8 weights exactly),
+`errors` (the user-error type), `cli` (the command line).
 Importing this package is cheap (`modelshrink.errors` imports it): numpy comes with `load` and `ExportedModel`
 (module `model`), onnxruntime and tokenizers when a folder is loaded.
 """
@@ -22,12 +24,13 @@ Importing this package is cheap (`modelshrink.errors` imports it): numpy comes w
 from .cli import main, run_file
 from .columns import pick_columns
 from .errors import UserError
-from .files import CLASSIFIER, DECODER, DECODER_MERGED, DECODER_WITH_PAST, DEQUANTIZED, ENCODER, SEARCH_OPS, is_export
+from .files import CLASSIFIER, DECODER, DECODER_MERGED, DECODER_WITH_PAST, ENCODER, SEARCH_OPS, is_export
 from .settings import Search, search_from_configs
+from .weights import DEQUANTIZED, WeightFormat
 
 __all__ = ["CLASSIFIER", "DECODER", "DECODER_MERGED", "DECODER_WITH_PAST", "DEQUANTIZED", "ENCODER", "SEARCH_OPS",
-           "ExportedModel", "Search", "UserError", "is_export", "load", "main", "pick_columns", "run_file",
-           "search_from_configs"]
+           "ExportedModel", "Search", "UserError", "WeightFormat", "is_export", "load", "main", "pick_columns",
+           "run_file", "search_from_configs"]
 
 
 def __getattr__(name: str):

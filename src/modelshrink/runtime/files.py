@@ -18,9 +18,6 @@ DECODER_MERGED = "decoder_model_merged.onnx"
 CLASSIFIER = "model.onnx"
 SEARCH_OPS = "search_ops.onnx"  # log-softmax and per-row top-k for beam search: logits, k -> values, indices
 GRAPHS = (ENCODER, DECODER_MERGED, DECODER, DECODER_WITH_PAST, CLASSIFIER)
-# modelshrink.json's resolved "weights" for a quantize artifact's integer weights (see modelshrink.onnx.compress)
-DEQUANTIZED = "int8 initializers + DequantizeLinear"  # exports before Cast/Mul: the runtime keeps reading them
-INT8_SCALED = "int8 initializers (Cast, Mul by their scales)"  # a quantize artifact's 5-8-bit weights
 # transformers.js's layout: the folder of the graphs, and the suffix of a graph's name for each weight type
 # ("dtype"), as @huggingface/transformers 4.x names them (src/utils/dtypes.js)
 SUBFOLDER = "onnx"

@@ -17,12 +17,12 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import UserError
-from .files import (CLASSIFIER, DECODER, DECODER_MERGED, DECODER_WITH_PAST, DEQUANTIZED, ENCODER, SEARCH_OPS,
-                    graph_path, is_export)
+from .files import CLASSIFIER, DECODER, DECODER_MERGED, DECODER_WITH_PAST, ENCODER, SEARCH_OPS, graph_path, is_export
 from .cache import CROSS_BEAMS, PAST_LENGTH, InPlaceCache, _run_bound
 from .cpu import missing_features
 from .search import DOCUMENTS, beam_search, candidates, greedy
 from .settings import Search, search_from_configs
+from .weights import DEQUANTIZE_LINEAR, FLOAT32, WeightFormat
 
 
 def _first_line(error: BaseException) -> str:
@@ -133,7 +133,19 @@ def _opener(path: Path, config: dict[str, Any], options: Any, folder: str | os.P
     return session
 
 
-def _session_options(threads: int | None, spin: bool, resolved: dict[str, Any]) -> Any:
+def _weight_format(resolved: dict[str, Any], folder: str | os.PathLike) -> WeightFormat:
+    """How the graphs store their weights, as the export recorded it (data, or an older export's sentence);
+    float32 where it recorded nothing (Optimum's folders)."""
+    try:
+        return WeightFormat.from_recorded(resolved.get("weights")) or WeightFormat(FLOAT32)
+    except ValueError as e:
+        raise UserError(f"{folder}'s modelshrink.json records weights this runtime does not read ({e}); a newer "
+                        "modelshrink wrote it: upgrade modelshrink") from None
+
+
+def _session_options(threads: int | None, spin: bool, float_matmuls: bool) -> Any:
+    """`float_matmuls`: keep DequantizeLinear + MatMul as they are (a quantize artifact's, or older exports' int8
+    initializers)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -146,7 +158,7 @@ def _session_options(threads: int | None, spin: bool, resolved: dict[str, Any]) 
         # the same cores, so spinning threads slow whichever runs next: without spinning a 6-2 MiniLM
         # student summarized 1.8x faster at batch 1 and 1.5x at batch 16 on 2 cores (int8)
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if resolved.get("weights") == DEQUANTIZED or resolved.get("quantized_artifact"):
+    if float_matmuls:
         # onnxruntime would fuse DequantizeLinear + MatMul into an integer matmul that also quantizes the
         # activations, which is not what the quantized model computes; keep the float matmul
         options.add_session_config_entry("session.disable_quant_qdq", "1")
@@ -168,7 +180,9 @@ class ExportedModel:
         # what the export recorded for the runtime (weights, parameters); the manifest once committed
         self.resolved = _read_json(self.folder / "modelshrink.json").get("resolved", {})
         _check_runs_here(self.resolved, folder)
-        session = _opener(self.folder, self.config, _session_options(threads, spin, self.resolved), folder)
+        self.weights = _weight_format(self.resolved, folder)  # how the graphs store their weights
+        float_matmuls = self.weights.int8_initializers == DEQUANTIZE_LINEAR or bool(self.resolved.get("quantized_artifact"))
+        session = _opener(self.folder, self.config, _session_options(threads, spin, float_matmuls), folder)
         if graph_path(self.folder, ENCODER, self.config).is_file():
             self._load_seq2seq(session)
         elif graph_path(self.folder, CLASSIFIER, self.config).is_file():

@@ -37,7 +37,8 @@ from modelshrink.options.export import ExportOptions
 from modelshrink.quant.model import is_quantized
 from modelshrink.quant.spec import code_threshold
 from modelshrink.runtime.cpu import VNNI, signed_products_exact
-from modelshrink.runtime.files import DECODER_MERGED, DECODER_WITH_PAST, ENCODER, INT8_SCALED
+from modelshrink.runtime.files import DECODER_MERGED, DECODER_WITH_PAST, ENCODER
+from modelshrink.runtime.weights import CAST_MUL, FLOAT32, INT4, INT8, QUANTIZED, WeightFormat
 
 __all__ = ["ExportCheckFailed", "ExportOptions", "export_model", "inspect"]
 
@@ -237,7 +238,7 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
         graphs = apply_layout(folder, graphs, options.layout, weights)
         resolved = {"kind": kind, "graphs": graphs, "layout": options.layout, "max_source_length": max_source_length,
                     "quantized_artifact": quantized["bits"] if quantized else None,
-                    "weights": weights, "contrib_ops": contrib_ops(folder, graphs),
+                    "weights": weights.recorded(), "contrib_ops": contrib_ops(folder, graphs),
                     "cpu_features": cpu_features(storage),
                     # packed initializers hold two codes a byte: count the weights, not the bytes
                     "parameters": parameter_count(folder, graphs) + sum(
@@ -307,20 +308,18 @@ def contrib_ops(folder: Path, graphs: list[str]) -> list[str]:
     return sorted(found)
 
 
-def _weights(options: ExportOptions, quantized: dict[str, Any] | None, storage: dict[str, Any]) -> str:
+def _weights(options: ExportOptions, quantized: dict[str, Any] | None, storage: dict[str, Any]) -> WeightFormat:
     """How the graphs store their weights, as modelshrink.json records it for the runtime and readers."""
     if options.int8:
-        return "int8 (8-bit weights per column: s8, uint8, MatMulNBits or float matmuls)"
+        return WeightFormat(INT8, (8,))
     if options.int4:
-        return "int4 (MatMulNBits, or float matmuls unpacked at load)"  # layout.DTYPES reads the prefix
+        return WeightFormat(INT4, (4,))
     if quantized is None:
-        return "float32"
-    widths = sorted({bits for s in storage.values() for bits in s.get("low_bit_widths", [])})
-    if widths:
-        return (f"quantized: {' and '.join(map(str, widths))}-bit codes (MatMulNBits, uint8 or float "
-                "matmuls; GatherBlockQuantized)") + (
-            " + " + INT8_SCALED if any(s.get("int8_initializers") for s in storage.values()) else "")
-    return INT8_SCALED
+        return WeightFormat(FLOAT32)
+    widths = tuple(sorted({bits for s in storage.values() for bits in s.get("low_bit_widths", [])}))
+    # without low-bit codes every integer weight is an int8 initializer (compact_quantized)
+    scaled = not widths or any(s.get("int8_initializers") for s in storage.values())
+    return WeightFormat(QUANTIZED, widths, CAST_MUL if scaled else None)
 
 
 def _write_companions(model: Any, tokenizer: Any, folder: Path, kind: str) -> None:
