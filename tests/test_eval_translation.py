@@ -276,6 +276,7 @@ def _export(model, out):
     return out
 
 
+@pytest.mark.slow
 def test_an_export_folder_takes_the_languages_its_pytorch_model_takes(tmp_path):
     """eval on an export folder follows the PyTorch model's language rule (issue 57): --target-lang forces the code
     the same way, an unknown code or one on a single-language export is refused, a many-to-many export without
@@ -307,3 +308,19 @@ def test_all_empty_outputs_are_refused_unless_asked_for(tmp_path):
         evaluate(EvalOptions(data=str(data), resamples=100), tmp_path / "a")
     _, metrics = evaluate(EvalOptions(data=str(data), resamples=100, allow_empty=True), tmp_path / "b")
     assert metrics["rouge1"] == 0.0
+
+
+def test_translation_evals_compare_side_by_side(tmp_path):
+    """`eval --compare` of translation evaluations: corpus BLEU and chrF side by side, each tested against the first
+    with the corpus paired test (it once failed on a missing table entry)."""
+    from modelshrink.compare import compare
+
+    good = write_jsonl(tmp_path / "good.jsonl", _rows(TARGETS))
+    bad = write_jsonl(tmp_path / "bad.jsonl", _rows([_worse(t) for t in TARGETS]))
+    first, _ = evaluate(EvalOptions(data=str(bad), resamples=100), tmp_path / "eval-bad")
+    second, metrics = evaluate(EvalOptions(data=str(good), resamples=100), tmp_path / "eval-good")
+    _, result = compare([str(first), str(second)], tmp_path / "compared", resamples=500)
+    assert result["task"] == "translation"
+    bad_row, good_row = result["systems"]
+    assert good_row["bleu"] == metrics["bleu"] and good_row["bleu"] > bad_row["bleu"]
+    assert good_row["p_vs_first"]["bleu"] < 0.01 and good_row["p_vs_first"]["chrf"] < 0.01

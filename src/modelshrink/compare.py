@@ -9,13 +9,13 @@ from typing import Any, Callable
 
 from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
 from modelshrink.errors import UserError
-from modelshrink.metrics.names import CLASSIFICATION_METRICS, REGRESSION_METRICS, ROUGE_METRICS
+from modelshrink.metrics.names import CLASSIFICATION_METRICS, REGRESSION_METRICS, ROUGE_METRICS, TRANSLATION_METRICS
 from modelshrink.predictions import eval_rows
-from modelshrink.scoring import paired_keys, paired_tests
+from modelshrink.scoring import paired_corpus_tests, paired_keys, paired_tests
 
-QUALITY = {"summarization": list(ROUGE_METRICS), "classification": list(CLASSIFICATION_METRICS),
-           "regression": list(REGRESSION_METRICS)}
-PLOTTED = {"summarization": "rougeL", "classification": "accuracy", "regression": "pearson"}
+QUALITY = {"summarization": list(ROUGE_METRICS), "translation": list(TRANSLATION_METRICS),
+           "classification": list(CLASSIFICATION_METRICS), "regression": list(REGRESSION_METRICS)}
+PLOTTED = {"summarization": "rougeL", "translation": "bleu", "classification": "accuracy", "regression": "pearson"}
 
 
 def _have_matplotlib() -> bool:
@@ -75,7 +75,10 @@ def compare(entries: list[str], output: str | Path, *, evaluate_model: Callable[
                    "length_words": m.get("length_words"), "parameters": eff.get("parameters"),
                    "bytes_on_disk": eff.get("bytes_on_disk"), "latency_ms_p50": eff.get("latency_ms_p50"),
                    "p_vs_first": {}}
-            if s is not first:
+            if s is not first and task == "translation":  # corpus BLEU and chrF: the test swaps sentences' statistics
+                row["p_vs_first"] = paired_corpus_tests([s["rows"][i] for i in ids], first_rows, significance,
+                                                        resamples, seed)["p"]
+            elif s is not first:
                 row["p_vs_first"] = paired_tests([s["rows"][i] for i in ids], first_rows, per_doc_keys,
                                                  significance, resamples, seed)["p"]
             table.append(row)
