@@ -1,7 +1,7 @@
 """`export`: a model artifact as ONNX graphs that a service runs with onnxruntime alone.
 
 The step: check the model, trace its graphs (`modelshrink.onnx.graphs`), rewrite them for size
-(`compress`: a `quantize` artifact's integer weights in 4-bit codes or int8, or `--int8`; `int4`: `--int4`;
+(`compress`: a `quantize` artifact's integer weights, each at its own width; `int8`: `--int8`; `int4`: `--int4`;
 `merge`: the two decoders as one decoder_model_merged.onnx, a tied output projection stored once),
 validate them against PyTorch (`validate`), write config, tokenizer and model card beside them, commit.
 The folder keeps Optimum's file names, so existing tooling (Optimum's `ORTModelForSeq2SeqLM`, our
@@ -179,27 +179,9 @@ def _kernel_counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} on {kernel}" for kernel, n in sorted(counts.items())) or "no matmul"
 
 
-def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool = False,
-                 log: LogFn = lambda m: None) -> tuple[Path, dict[str, Any]]:
-    """Write the export folder; returns (path, report). A failed check raises `ExportCheckFailed`
-    after the folder and its report are written. The function behind `modelshrink export` (as
-    `modelshrink.export`).
-
-    Example::
-
-        import modelshrink
-        from modelshrink import ExportOptions
-
-        folder, report = modelshrink.export(ExportOptions(model="student", int8=True), "student-onnx")
-        print(report["validation"]["max_abs_diff"], modelshrink.load(folder).summarize(["a long document ..."]))
-    """
-    from modelshrink.models import source_length
-
-    writer = ArtifactWriter(output, overwrite=overwrite)
-    writer.check()
-    kind, config, model, tokenizer = _load_model(options)
-    check_layout(options.layout, kind, config, options.merge)
-    quantized = dict(config.quantization_config) if is_quantized(config) else None
+def _check_kernels(options: ExportOptions, kind: str, quantized: dict[str, Any] | None) -> None:
+    """The options that ask for weights, kernels and rounding this model or this processor cannot give, refused in
+    one line before anything is written."""
     if quantized and options.int4:
         raise UserError(f"--int4 applies to float models: {options.model} is a quantize artifact "
                         f"({quantized['bits']}), and exporting a quantized artifact keeps its own bits")
@@ -222,6 +204,30 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
         raise UserError("--kernel s8 multiplies uint8 activations by int8 weights, which onnxruntime adds exactly only "
                         "on x86 with VNNI (avx512_vnni, avx_vnni or amx_int8 in /proc/cpuinfo) or on ARM, and this "
                         "processor has none: use --kernel int8, or export on the kind of machine that serves")
+
+
+def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool = False,
+                 log: LogFn = lambda m: None) -> tuple[Path, dict[str, Any]]:
+    """Write the export folder; returns (path, report). A failed check raises `ExportCheckFailed`
+    after the folder and its report are written. The function behind `modelshrink export` (as
+    `modelshrink.export`).
+
+    Example::
+
+        import modelshrink
+        from modelshrink import ExportOptions
+
+        folder, report = modelshrink.export(ExportOptions(model="student", int8=True), "student-onnx")
+        print(report["validation"]["max_abs_diff"], modelshrink.load(folder).summarize(["a long document ..."]))
+    """
+    from modelshrink.models import source_length
+
+    writer = ArtifactWriter(output, overwrite=overwrite)
+    writer.check()
+    kind, config, model, tokenizer = _load_model(options)
+    check_layout(options.layout, kind, config, options.merge)
+    quantized = dict(config.quantization_config) if is_quantized(config) else None
+    _check_kernels(options, kind, quantized)
     max_source_length = source_length(options.max_source_length, tokenizer, model.config)
     texts = _sample_texts(options, tokenizer, max(options.samples, 2))
     enc = dict(tokenizer(texts[:2], truncation=True, max_length=max_source_length, padding=True, return_tensors="pt"))
