@@ -53,3 +53,16 @@ def test_which_model_types_only_translate_is_a_family_fact():
     assert _modules_matching(r"^TRANSLATION_TYPES\s*=") == {"families.py"}
     assert _modules_matching(r"\(\s*[\"']marian[\"'],\s*[\"']m2m_100[\"']\s*\)") == {"families.py"}
     assert set(TRANSLATION_TYPES) <= {t for family in FAMILIES for t in family.model_types}
+
+
+def test_modules_and_functions_stay_small():
+    """Issue 56: no module of the package over 450 lines, no function over 80: a reader takes either in at once."""
+    import ast
+
+    long_modules = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
+                    if (n := len(p.read_text().splitlines())) > 450}
+    long_functions = {f"{p.relative_to(SRC)}:{node.name}": node.end_lineno - node.lineno + 1
+                      for p in SRC.rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.end_lineno - node.lineno + 1 > 80}
+    assert not long_modules and not long_functions, (long_modules, long_functions)
