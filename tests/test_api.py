@@ -25,6 +25,7 @@ def _section_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
+@pytest.mark.slow
 def test_readme_from_python_runs_on_tiny_models(saved_models, tmp_path, monkeypatch):
     shutil.copytree(saved_models["bart"], tmp_path / "teacher")
     write_jsonl(tmp_path / "docs.jsonl", [{"id": i, "document": d} for i, d in enumerate(DOCUMENTS)])

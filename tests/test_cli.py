@@ -32,6 +32,7 @@ def assert_one_line_error(result, code, *fragments):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_success_prints_only_the_path_and_chains(saved_models, docs_jsonl, tmp_path):
     out = tmp_path / "pl"
     result = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", out, "--lambda", "2.0", "--device", "cpu")
@@ -178,6 +179,7 @@ def offline(saved_models, tmp_path_factory):
         process.wait()
 
 
+@pytest.mark.slow
 def test_uncached_hub_name_offline_is_a_clear_error(offline):
     result, out = offline("uncached model")
     assert result.returncode == 1, result.stderr
@@ -186,6 +188,7 @@ def test_uncached_hub_name_offline_is_a_clear_error(offline):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_cached_hub_name_works_offline(offline):
     """A hub name resolves from the local cache (built by hand in the hub cache layout, see `offline`)."""
     result, out = offline("cached model")
@@ -194,6 +197,7 @@ def test_cached_hub_name_works_offline(offline):
     assert {"role": "teacher", "hub": "tiny/bart"} in manifest["parents"]
 
 
+@pytest.mark.slow
 def test_interrupted_cli_run_resumes(saved_models, docs_jsonl, tmp_path, monkeypatch):
     import modelshrink.summarizer as pl  # where pseudolabel's teacher generates
 
@@ -215,6 +219,7 @@ def test_interrupted_cli_run_resumes(saved_models, docs_jsonl, tmp_path, monkeyp
     assert len(read_rows(out)) == 12 and calls["n"] == 1 + 1 + 2  # batch 1, the interrupt, batches 2 and 3
 
 
+@pytest.mark.slow
 def test_uncached_hub_dataset_offline_is_a_clear_error(offline):
     result, out = offline("uncached dataset")
     assert result.returncode == 1, result.stderr

@@ -105,6 +105,7 @@ def _pytorch_tokens(model_path: Path, ids: list[list[int]], searches: list[dict]
 
 # ------------------------------------------------------------------ the layout itself (no client needed)
 
+@pytest.mark.slow
 def test_transformers_js_layout_validates_and_the_runtime_runs_it(plain_models, exported, docs_jsonl, tmp_path):
     out = tmp_path / "bart-js"
     result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(out), "--layout", "transformers.js",
@@ -125,6 +126,7 @@ def test_transformers_js_layout_validates_and_the_runtime_runs_it(plain_models, 
     assert runs[0].stdout == runs[1].stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag, dtype, suffix", [("--int8", "q8", "_quantized"), ("--int4", "q4", "_q4")])
 def test_quantized_graphs_take_transformers_js_names(exported, flag, dtype, suffix):
     from modelshrink.runtime import is_export, load
@@ -189,6 +191,7 @@ def _node(script: Path, folder: Path, request: dict) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, flags", [("bart", ()), ("t5", ()), ("bart", ("--int8",)), ("t5", ("--int4",)),
                                           ("bart-2-2-8", ()), ("marian", ()), ("mbart", ()), ("m2m_100", ())],
                          ids=["bart", "t5", "bart-int8", "t5-int4", "bart-2-2-8", "marian", "mbart", "m2m_100"])
@@ -213,6 +216,7 @@ def _unpadded(rows: list[list[int]], pad: int) -> list[list[int]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["bart", "t5"])
 def test_transformers_js_generates_a_padded_batch_as_the_runtime(transformers_js, exported, model):
     """Two documents of different lengths generated together (the shorter one padded): the same tokens as the
@@ -234,6 +238,7 @@ def test_transformers_js_generates_a_padded_batch_as_the_runtime(transformers_js
         assert len(batch) == 2 and _unpadded(batch, settings.pad_token_id) == _unpadded(ours, settings.pad_token_id)
 
 
+@pytest.mark.slow
 def test_transformers_js_has_no_beam_search_yet(transformers_js, exported):
     """Why the client tests compare greedy searches only: transformers.js 4.3 takes num_beams but keeps the first
     candidate of each step ("TODO: Support beam search" in its generation loop, src/models/modeling_utils.js), so
@@ -252,6 +257,7 @@ def test_transformers_js_has_no_beam_search_yet(transformers_js, exported):
     assert ours != got["generated"][1]  # the runtime's beam search finds other tokens on these documents
 
 
+@pytest.mark.slow
 def test_transformers_js_runs_8_bit_quantize_artifacts_as_they_are(transformers_js, exported):
     # their 8-bit codes are unpacked by constant nodes that onnxruntime folds when it loads the graph (not
     # DequantizeLinear: onnxruntime's QDQ rewrite, Node 1.30 as Python 1.32, failed to load those with
@@ -262,6 +268,7 @@ def test_transformers_js_runs_8_bit_quantize_artifacts_as_they_are(transformers_
     assert [got["input_ids"], got["generated"]] == list(_runtime_tokens(folder, SEARCHES))
 
 
+@pytest.mark.slow
 def test_transformers_js_classifies_as_the_runtime(transformers_js, exported):
     from modelshrink.runtime import load
 
@@ -321,6 +328,7 @@ def optimum():
     process.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["bart", "t5", "bert2bert", "bart-2-2-8", "bart-8-8-8", "marian", "mbart",
                                    "m2m_100"])
 def test_optimum_generates_the_runtimes_tokens(optimum, exported, plain_models, model):
@@ -335,6 +343,7 @@ def test_optimum_generates_the_runtimes_tokens(optimum, exported, plain_models, 
         assert expected == _pytorch_tokens(plain_models[model], ids, searches)
 
 
+@pytest.mark.slow
 def test_optimum_classifies_as_the_runtime(optimum, exported):
     from modelshrink.runtime import load
 
@@ -345,6 +354,7 @@ def test_optimum_classifies_as_the_runtime(optimum, exported):
     np.testing.assert_allclose(got["logits"], [runtime.logits([doc])[0].tolist() for doc in DOCS], atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["bart", "t5"])  # Optimum's exporter has no bert2bert with past
 def test_the_runtime_runs_optimums_own_export(optimum, exported, plain_models, model, tmp_path):
     folder = tmp_path / f"optimum-{model}"

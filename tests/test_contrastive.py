@@ -234,6 +234,7 @@ def _gather_worker(rank: int, world: int, port: int, queue) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_storage_gathers_every_process_batch():
     import socket
 
@@ -255,6 +256,7 @@ def test_storage_gathers_every_process_batch():
     assert [row[0] for row in results[0][0]] == [0.0, 1.0, 2.0, 1.0, 2.0]
 
 
+@pytest.mark.slow
 def test_two_process_accelerate_launch(teacher, sentiment, tmp_path):
     train, _ = sentiment
     out = tmp_path / "ddp"
@@ -329,6 +331,7 @@ def _table_worker(rank: int, world: int, port: int, teacher, train, queue) -> No
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_under_two_processes_every_process_gets_the_whole_teacher_table(teacher, sentiment):
     import socket
 

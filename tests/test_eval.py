@@ -29,6 +29,7 @@ def _preds(tmp_path, name, predictions, ids=None):
     return write_jsonl(tmp_path / name, [{"id": i, "prediction": p} for i, p in zip(ids, predictions)])
 
 
+@pytest.mark.slow
 def test_model_mode_and_predictions_mode_agree(saved_models, docs_jsonl, tmp_path):
     model_path, metrics = evaluate(EvalOptions(data=str(docs_jsonl), model=str(saved_models["bart"]), device="cpu",
                                                latency_docs=2, batch_size=4), tmp_path / "model")

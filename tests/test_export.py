@@ -29,6 +29,7 @@ def exports(plain_models, tmp_path_factory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bart", "t5", "bert2bert"])
 def test_every_family_exports_a_complete_validated_folder(exports, family):
     folder = exports[family]
@@ -46,6 +47,7 @@ def test_every_family_exports_a_complete_validated_folder(exports, family):
     assert "decoder_model_merged.onnx[first step]:present.0.encoder.key" in report["outputs"]
 
 
+@pytest.mark.slow
 def test_dynamic_axes_and_optimum_names(exports):
     import onnxruntime as ort
 
@@ -58,6 +60,7 @@ def test_dynamic_axes_and_optimum_names(exports):
     assert [o.name for o in session.get_outputs()][:2] == ["logits", "present.0.decoder.key"]
 
 
+@pytest.mark.slow
 def test_merged_decoder_stores_each_weight_once_and_matches_the_separate_pair(plain_models, exports, tmp_path):
     import onnx
     from onnx import numpy_helper
@@ -114,6 +117,7 @@ def test_classifier_int8_exports_with_integer_tables(classifier_path, tmp_path):
     assert report["failure"] is None and "agreement" in report["predictions"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["nbits", "float"])
 def test_int8_weights_on_the_other_kernels_are_the_same_uint8_codes_per_column(plain_models, tmp_path, kernel):
     import onnx
@@ -147,6 +151,7 @@ def test_int8_weights_on_the_other_kernels_are_the_same_uint8_codes_per_column(p
     assert len(load(out).summarize(texts, max_length=5, num_beams=1)) == 2
 
 
+@pytest.mark.slow
 def test_int8_export_measures_its_kernels_and_records_the_choice(plain_models, tmp_path):
     out = tmp_path / "auto"
     result = runner.invoke(app, ["export", str(plain_models["t5"]), "-o", str(out), "--int8", *FAST])
@@ -158,6 +163,7 @@ def test_int8_export_measures_its_kernels_and_records_the_choice(plain_models, t
     assert "int8: " in result.output and "matmuls" in result.output
 
 
+@pytest.mark.slow
 def test_int8_export_is_per_channel_validated_and_runs(plain_models, tmp_path):
     import numpy as np
     import onnx
@@ -229,6 +235,7 @@ def test_padded_source_positions_are_not_compared():
     assert diffs["g:last_hidden_state"]["max_abs_diff"] == 2.0
 
 
+@pytest.mark.slow
 def test_quantized_artifact_keeps_integer_weights(plain_models, tmp_path):
     from modelshrink.steps.quantize import QuantizeOptions, quantize
 
@@ -256,6 +263,7 @@ def test_quantized_artifact_keeps_integer_weights(plain_models, tmp_path):
     assert weight_bytes(tmp_path / "q-int8") < 0.4 * weight_bytes(tmp_path / "float")
 
 
+@pytest.mark.slow
 def test_outputs_beyond_atol_exit_3_after_writing_the_report(plain_models, tmp_path):
     out = tmp_path / "strict"
     result = runner.invoke(app, ["export", str(plain_models["bart"]), "-o", str(out), "--atol", "1e-12",

@@ -29,6 +29,7 @@ def int4_exports(plain_models, tmp_path_factory) -> dict[str, Path]:
     return {family: root / family for family in ("bart", "t5")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bart", "t5"])
 def test_int4_export_stores_matmul_weights_in_four_bits_and_runs(int4_exports, family):
     import onnx
@@ -138,6 +139,7 @@ def test_bad_int4_inputs_are_one_line_and_write_nothing(plain_models, tmp_path):
     _refused([str(quantized), "--int4"], tmp_path / "o4", "exporting a quantized artifact keeps its own bits")
 
 
+@pytest.mark.slow
 def test_float_embeddings_on_request(plain_models, tmp_path):
     import onnx
     from onnx import numpy_helper

@@ -129,6 +129,7 @@ def test_the_option_lists_every_kernel():
     assert ROUNDING_CHOICES == ("auto", *ROUNDINGS)
 
 
+@pytest.mark.slow
 def test_an_automatic_export_records_what_it_measured_and_takes_the_fastest_or_a_tie(ternary, tmp_path):
     out = tmp_path / "auto"
     result = runner.invoke(app, ["export", str(ternary), "-o", str(out), *FAST])
@@ -163,6 +164,7 @@ def _vnni() -> bool:
 NEEDS_VNNI = pytest.mark.skipif(not _vnni(), reason="the s8 kernel is exact only on x86 with VNNI or on ARM")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["int8", pytest.param("s8", marks=NEEDS_VNNI), "nbits", "float"])
 def test_integer_kernels_read_the_activation_before_the_models_own_rounding(ternary, tmp_path, kernel):
     import onnx
@@ -213,6 +215,7 @@ def test_integer_kernels_read_the_activation_before_the_models_own_rounding(tern
         assert report["validation"]["rms_ratio"] < 0.1  # 8-bit rounding noise, not a broken graph (~1)
 
 
+@pytest.mark.slow
 def test_without_the_models_rounding_no_activation_is_rounded_in_the_graph(ternary, tmp_path):
     import onnx
 
@@ -230,6 +233,7 @@ def test_without_the_models_rounding_no_activation_is_rounded_in_the_graph(terna
     assert report["validation"]["rms_ratio"] < 0.1
 
 
+@pytest.mark.slow
 def test_with_the_kernels_rounding_each_integer_kernel_rounds_its_own_input_and_auto_weighs_nbits(ternary, tmp_path):
     import onnx
 
@@ -261,6 +265,7 @@ def test_with_the_kernels_rounding_each_integer_kernel_rounds_its_own_input_and_
     assert 0 < report["validation"]["rms_ratio"] < 0.1  # 8-bit rounding noise, not a broken graph (~1)
 
 
+@pytest.mark.slow
 def test_a_ternary_weight_on_the_four_bit_kernel_is_stored_in_two_bits(ternary, tmp_path, monkeypatch):
     """4-bit MatMulNBits is the fastest kernel for most ternary weights on this machine; its codes are kept in 2 bits
     on disk and widened when the graph loads, so the choice costs the folder nothing."""
@@ -295,6 +300,7 @@ def test_a_ternary_weight_on_the_four_bit_kernel_is_stored_in_two_bits(ternary, 
     assert abs(size[out] - size[named]) < 0.05 * size[named], size
 
 
+@pytest.mark.slow
 def test_a_merged_decoder_unpacks_each_weight_once(ternary_int8, tmp_path):
     import onnx
     import onnxruntime as ort
@@ -323,6 +329,7 @@ def _refused(args: list[str], out: Path, message: str) -> None:
     assert not out.exists() and not (out.parent / f".{out.name}.partial").exists()
 
 
+@pytest.mark.slow
 def test_bad_kernel_requests_are_one_line_and_write_nothing(plain_models, ternary, tmp_path):
     bart = str(plain_models["bart"])
     _refused([bart, "--int4", "--kernel", "int8"], tmp_path / "o2", "--int4's blocks each have their own")
@@ -339,6 +346,7 @@ def _schemas_without(*ops: str) -> list:
             if not (s.domain == "com.microsoft" and s.name in ops)]
 
 
+@pytest.mark.slow
 def test_a_kernel_the_runtime_lacks_is_one_line_naming_the_option_that_avoids_it(ternary, ternary_int8, tmp_path,
                                                                                    monkeypatch):
     from onnxruntime.capi import onnxruntime_pybind11_state
@@ -475,6 +483,7 @@ def test_the_processor_check_reads_vnni_from_cpuinfo(tmp_path, monkeypatch):
     assert "s8" not in lowbit.available_kernels() and "int8" in lowbit.available_kernels()
 
 
+@pytest.mark.slow
 def test_without_vnni_s8_is_refused_and_never_chosen(plain_models, ternary_int8, tmp_path, monkeypatch):
     """On an x86 processor without VNNI: --kernel s8 is one line naming the kernel to use instead, auto does not
     weigh s8, and a folder holding s8 weights (exported on a VNNI machine) is refused by the runtime, which would
@@ -506,6 +515,7 @@ def test_without_vnni_s8_is_refused_and_never_chosen(plain_models, ternary_int8,
         load(folder)
 
 
+@pytest.mark.slow
 def test_a_transformers_js_folder_is_left_only_kernels_exact_everywhere(plain_models, tmp_path):
     """transformers.js reads no modelshrink.json, so nothing would keep its folder's s8 weights off a processor
     without VNNI: left to choose, the export does not weigh s8 for it."""

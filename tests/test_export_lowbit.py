@@ -69,6 +69,7 @@ def _digest(value: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(value, dtype=np.float32).tobytes()).hexdigest()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, bits, granularity, kernel", [
     ("bart", "2-2-8", "tensor", "nbits"), ("t5", "2-2-8", "tensor", "int8"), ("bert2bert", "4-4-8", "row", "float"),
     ("bart", "3-8-8", "row", "int8")])  # auto: tests/test_export_kernels.py
@@ -107,6 +108,7 @@ def test_low_bits_are_kept_exactly_and_pass_the_check(plain_models, tmp_path, fa
     assert manifest["metrics"]["generation_agreement"]
 
 
+@pytest.mark.slow
 def test_a_ternary_export_stores_a_quarter_of_the_bytes_of_an_eight_bit_one(plain_models, tmp_path):
     import onnx
     from onnx import numpy_helper
@@ -134,6 +136,7 @@ def test_a_ternary_export_stores_a_quarter_of_the_bytes_of_an_eight_bit_one(plai
     assert sizes["2-2-8"] < 0.6 * sizes["8-8-8"]
 
 
+@pytest.mark.slow
 def test_an_onnxruntime_without_the_ops_is_one_line_and_writes_nothing(plain_models, tmp_path, monkeypatch):
     from onnxruntime.capi import onnxruntime_pybind11_state
 
@@ -229,6 +232,7 @@ def test_the_scales_of_packed_codes_stay_float(tmp_path):
     assert np.allclose(y, table[[0, 5]] @ table.T, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_an_activation_clip_is_exported_and_passes_the_check(plain_models, tmp_path):
     """A quantize artifact made with --activation-clip: the clamp is in the graphs (Clip at ±2.5 before the
     roundings) and the export matches the quantized PyTorch model."""

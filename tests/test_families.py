@@ -43,6 +43,7 @@ def test_unsupported_architectures_name_the_supported_ones():
         family_of(mixed)
 
 
+@pytest.mark.slow
 def test_a_new_family_is_one_row(monkeypatch, tmp_path):
     """PLBart keeps BART's module layout but is not in the table: refused, then with one row added it shrinks,
     trains, quantizes (distillation-aware: the attention modules through the adapter) and exports, the

@@ -7,8 +7,11 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from transformers.utils import logging as hf_logging
+
+pytestmark = pytest.mark.slow  # end to end: see CONTRIBUTING.md, the fast loop
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "frontier.py"
 # a few small training batches (--max-tokens): the run's plumbing is tested here, not what training buys

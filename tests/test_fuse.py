@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 from conftest import DOCUMENTS
 from modelshrink.cli import app
 
+pytestmark = pytest.mark.slow  # end to end: see CONTRIBUTING.md, the fast loop
+
 
 @pytest.mark.parametrize("family", ["bart", "t5", "bert2bert"])
 def test_fused_decoder_generates_the_tokens_pytorch_generates(plain_models, tmp_path, family):

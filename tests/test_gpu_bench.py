@@ -10,7 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from modelshrink.options.pseudolabel import PseudolabelOptions
+
+pytestmark = pytest.mark.slow  # end to end: see CONTRIBUTING.md, the fast loop
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_throughput.py"
 # one thread: the test machine's cores are shared, and torch's spinning threads slow down tenfold under contention

@@ -203,20 +203,24 @@ def _resume_and_compare(args: list, whole: Path, out: Path, failure: str, weight
     assert not (out / "checkpoints").exists() and not (out / "best").exists()
 
 
+@pytest.mark.slow
 def test_distill_killed_then_resumed(killed):
     _resume_and_compare(*killed["distill"])
 
 
+@pytest.mark.slow
 def test_quantize_killed_then_resumed(killed):
     from modelshrink.quant.model import WEIGHTS_NAME
 
     _resume_and_compare(*killed["quantize"], weights=WEIGHTS_NAME)
 
 
+@pytest.mark.slow
 def test_contrastive_killed_then_resumed(killed):
     _resume_and_compare(*killed["contrastive"])
 
 
+@pytest.mark.slow
 def test_eval_killed_then_resumed(killed):
     args, whole, out, failure = killed["eval"]
     assert not failure, failure

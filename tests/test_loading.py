@@ -123,6 +123,7 @@ def test_pickle_weights_are_refused_with_the_way_to_opt_in(saved_models, docs_js
         one_line_error(invoke(*step, "-o", tmp_path / "out"), "--allow-pickle")
 
 
+@pytest.mark.slow
 def test_allow_pickle_loads_the_same_model(saved_models, docs_jsonl, tmp_path):
     folder = pickled(saved_models["bart"], tmp_path)
     common = ["--limit", "4", "--device", "cpu"]

@@ -169,6 +169,7 @@ def _all_losses(s, t, batch, enc_map, dec_map):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_model_losses_zero_for_perfect_student_positive_for_shrunk(family):
     teacher, tok = build(family, attn_implementation="eager")

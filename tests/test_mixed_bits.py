@@ -153,6 +153,7 @@ def test_rules_the_model_cannot_take_are_one_line(saved_models, tmp_path, family
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "q").exists()
 
 
+@pytest.mark.slow
 def test_export_keeps_each_layer_in_its_own_bits(plain_models, tmp_path):
     bits = "2-2-8,cross_attention=8,decoder.ffn=4"
     quantized = quantize(QuantizeOptions(model=str(plain_models["bart"]), bits=bits, method="direct", device="cpu"),
@@ -207,6 +208,7 @@ def test_the_predicted_size_is_the_written_size_for_every_map(saved_models, tmp_
     assert {info[1] for info in latent_weights(model).values()} == {2, 3, 4, 8}
 
 
+@pytest.mark.slow
 def test_a_budget_plans_measures_and_never_exceeds(saved_models, tmp_path):
     pairs = _pairs(tmp_path)
     common = dict(model=str(saved_models["bart"]), data=str(pairs), device="cpu", max_steps=2, batch_size=4,
@@ -254,6 +256,7 @@ def test_a_budget_for_a_classifier_and_for_direct_quantization(classifier_path, 
     assert (direct / PLAN_NAME).is_file()
 
 
+@pytest.mark.slow
 def test_a_resumed_budget_run_reads_its_plan_back(saved_models, tmp_path):
     calls = []
 

@@ -7,11 +7,13 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "peers.py"
 
 
+@pytest.mark.slow
 def test_peers_small_run_measures_every_available_system(tmp_path, monkeypatch, capsys):
     has_ct2 = importlib.util.find_spec("ctranslate2") is not None
     systems = "torch,fp32,int8,int8-u8,int4" + (",ct2-fp32,ct2-int8" if has_ct2 else "")

@@ -136,6 +136,7 @@ def test_row_scales_match_fixed_lambda_per_row(family):
     assert (mixed[1] - untouched[1]).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_row_scales_follow_rows_through_beam_search(family):
     model, tok = build(family)

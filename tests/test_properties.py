@@ -69,6 +69,7 @@ def _cli_value(f: dataclasses.Field, hints: dict) -> st.SearchStrategy:
     return words.map(lambda w: [w])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", STEPS)
 @QUICK_CLI
 @given(data=st.data())
@@ -131,6 +132,7 @@ def test_the_cases_are_drawn_from_every_option():
 RUN_FLAGS = ("--limit", "--batch-size", "--num-beams", "--max-length", "--column")
 
 
+@pytest.mark.slow
 @QUICK
 @given(flags=st.lists(st.tuples(st.sampled_from(RUN_FLAGS),
                                 st.sampled_from(["0", "-1", "1", "2", "abc", "", "2.5", "document", "nope"])),

@@ -216,6 +216,7 @@ def _nll(model_dir, pairs_rows):
         return float(model(**enc, labels=labels).loss)
 
 
+@pytest.mark.slow
 def test_direct_two_bit_collapses_and_distillation_aware_recovers(tmp_path):
     rows = [{"id": i, "document": d, "summary": s} for i, (d, s) in enumerate(zip(DOCUMENTS, SUMMARIES))]
     rows += rows[:4]

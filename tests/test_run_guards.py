@@ -70,6 +70,7 @@ def dead_pid() -> int:
 
 # --- the lock --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_live_run_blocks_resume_overwrite_and_a_plain_rerun(saved_models, docs_jsonl, tmp_path, sleeper):
     out = tmp_path / "pl"
     write_lock(staging_path(out), sleeper)
@@ -288,6 +289,7 @@ def stopped(saved_models, tmp_path_factory):
     return stopped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop, code, said", [(signal.SIGINT, 130, "Interrupted."),
                                               (signal.SIGTERM, 143, "Terminated (SIGTERM).")])
 def test_ctrl_c_keeps_the_run_and_prints_the_command_that_continues_it(stopped, stop, code, said):

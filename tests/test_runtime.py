@@ -29,6 +29,7 @@ def exported(plain_models, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bart", "t5", "bert2bert"])
 @pytest.mark.parametrize("overrides", [dict(num_beams=1, min_length=4),
                                        dict(num_beams=3, no_repeat_ngram_size=2, min_length=6, length_penalty=2.0)],
@@ -85,6 +86,7 @@ def test_run_command_prints_one_prediction_per_line(exported, docs_jsonl):
     assert bad.exit_code == 1 and "not an export folder" in bad.output
 
 
+@pytest.mark.slow
 def test_eval_scores_an_export_folder_like_its_model(exported, docs_jsonl, tmp_path):
     model_path, export_path = exported["bart"]
     common = ["--batch-size", "4", "--latency-docs", "2", "--resamples", "100"]
@@ -141,6 +143,7 @@ def test_runtime_classifies_like_pytorch(classifier_path, tmp_path):
     assert load(tmp_path / "c").classify(DOCUMENTS) == predict(model, tok, rows, 4, "cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("early_stopping,beams", [(False, 3), (True, 3), ("never", 3), (False, 1)])
 def test_documents_that_finish_early_leave_the_batch_and_tokens_still_match(tmp_path, early_stopping, beams):
     """A BART whose end token is favoured ends some summaries after a few tokens; those documents leave the

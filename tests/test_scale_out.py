@@ -94,6 +94,7 @@ def launched(saved_models, tmp_path_factory):
         process.wait()
 
 
+@pytest.mark.slow
 def test_two_processes_train_the_one_plan_of_a_budget(saved_models, launched, tmp_path):
     """`launched` ran `accelerate launch` of quantize --budget-mb: the main process measures and plans, the other
     takes its plan, and the plan is the one a single process makes."""
@@ -118,6 +119,7 @@ def _options(teacher, data, **kw) -> PseudolabelOptions:
     return PseudolabelOptions(teacher=str(teacher), data=str(data), **{"batch_size": 4, "device": "cpu", **kw})
 
 
+@pytest.mark.slow
 def test_two_processes_write_the_dataset_one_process_writes(saved_models, launched, tmp_path):
     """`launched` ran `accelerate launch` of pseudolabel --lambda-range 1 2 --seed 5 --num-beams 3 --batch-size 4."""
     many_docs, launch = launched
@@ -134,6 +136,7 @@ def test_two_processes_write_the_dataset_one_process_writes(saved_models, launch
     assert sorted(p.name for p in two.parent.iterdir()) == ["two"]  # no parts or staging left
 
 
+@pytest.mark.slow
 def test_two_process_eval_gives_the_metrics_of_one(saved_models, launched, tmp_path):
     """`launched` ran `torchrun` of eval --device cpu --batch-size 3 --latency-docs 2 --resamples 200."""
     many_docs, launch = launched
@@ -164,6 +167,7 @@ def _rank_one_pid(tag: str) -> int | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the worker through /proc")
 def test_a_killed_process_then_resume_gives_the_uninterrupted_result(saved_models, many_docs, tmp_path):
     rows = [json.loads(line) for line in many_docs.read_text().splitlines()]
@@ -203,6 +207,7 @@ def test_a_killed_process_then_resume_gives_the_uninterrupted_result(saved_model
     assert read_manifest(out)["metrics"]["generated_this_run"] == 20 - done
 
 
+@pytest.mark.slow
 def test_token_budget_batches_respect_the_budget_and_keep_the_output(saved_models, many_docs, tmp_path):
     from modelshrink.data import examples, open_data
     from modelshrink.models import load_tokenizer
@@ -220,6 +225,7 @@ def test_token_budget_batches_respect_the_budget_and_keep_the_output(saved_model
     assert by_budget == by_count
 
 
+@pytest.mark.slow
 def test_a_document_longer_than_the_budget_is_truncated_and_named(saved_models, many_docs, tmp_path):
     result = runner.invoke(app, ["pseudolabel", str(saved_models["bart"]), str(many_docs), "-o", str(tmp_path / "pl"),
                                  "--max-tokens", "30", "--device", "cpu"])
@@ -231,6 +237,7 @@ def test_a_document_longer_than_the_budget_is_truncated_and_named(saved_models, 
     assert len(read_rows(tmp_path / "pl")) == 40
 
 
+@pytest.mark.slow
 def test_sampling_belongs_to_the_document_not_the_batch(saved_models, many_docs, tmp_path):
     a = read_rows(pseudolabel(_options(saved_models["t5"], many_docs, do_sample=True, seed=4, batch_size=1),
                               tmp_path / "a"))
@@ -260,6 +267,7 @@ def test_bf16_on_a_cpu_runs_and_fp16_is_refused(saved_models, docs_jsonl, tmp_pa
     assert unknown.exit_code != 0 and "fp8" in unknown.stderr
 
 
+@pytest.mark.slow
 def test_eval_resumes_an_interrupted_generation(saved_models, many_docs, tmp_path):
     options = EvalOptions(model=str(saved_models["bart"]), data=str(many_docs), device="cpu", batch_size=4,
                           latency_docs=0, resamples=100)

@@ -100,6 +100,7 @@ def test_a_bias_from_weights_or_a_second_reader_keeps_the_graph_as_traced(traced
     assert path.read_bytes() == before  # all layers or none
 
 
+@pytest.mark.slow
 def test_the_runtime_gives_the_traced_export_s_tokens_and_grows_a_short_cache(plain_models, tmp_path, monkeypatch):
     from modelshrink.runtime import cache, load
 
@@ -133,6 +134,7 @@ def _small_cache(self, model, capacity):
     self.model, self.capacity, self.length, self.logits, self.vocab = model, 2, 0, None, 0
 
 
+@pytest.mark.slow
 def test_a_runtime_without_the_op_is_one_line_naming_the_option_that_avoids_it(plain_models, tmp_path, monkeypatch):
     from onnxruntime.capi import onnxruntime_pybind11_state
 
@@ -156,6 +158,7 @@ def test_a_runtime_without_the_op_is_one_line_naming_the_option_that_avoids_it(p
     assert not load(out).cache_in_place
 
 
+@pytest.mark.slow
 def test_a_quantize_artifact_fuses_only_without_the_models_attention_rounding(plain_models, tmp_path):
     """With --activation-rounding model the attention rounds its probabilities between the two products, which
     GroupQueryAttention cannot: traced, and the export says why; with none (a float Cast and an Identity left

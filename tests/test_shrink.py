@@ -192,6 +192,7 @@ def test_student_with_every_layer_is_the_teacher(teacher):
     assert torch.equal(_logits(student, batch), _logits(model, batch))
 
 
+@pytest.mark.slow
 def test_student_generates_as_without_cache(teacher):
     """A stale teacher layer_idx breaks the KV cache; with the right one the cache changes nothing."""
     family, model, tok = teacher

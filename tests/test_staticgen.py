@@ -78,6 +78,7 @@ def _both(model, tok, docs=DOCUMENTS, early_stopping=None, **settings):
     return expected, got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bart", "pegasus", "marian", "mbart", "m2m_100", "t5", "t5-gated"])
 def test_token_for_token_transformers_generate(name, tmp_path):
     """Beam search (with min length, n-gram blocking, length penalties) and greedy search give generate's
@@ -126,6 +127,7 @@ def _options(teacher, data, **kw):
     return PseudolabelOptions(teacher=str(teacher), data=str(data), **{"batch_size": 5, "device": "cpu", **kw})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,lam", [("bart", dict(lam=2.0)), ("bart", dict(lambda_range=(1.0, 3.0))),
                                         ("bart", dict(lambda_cross=2.5, lambda_range=(1.0, 2.0))),
                                         ("t5", dict(lam=2.0)), ("t5", dict(lambda_range=(1.0, 3.0)))])
@@ -188,6 +190,7 @@ def test_auto_on_a_gpu_says_in_one_line_why_a_model_takes_generate(monkeypatch, 
 
 
 
+@pytest.mark.slow
 def test_resume_with_the_static_search_loses_and_repeats_nothing(saved_models, docs_jsonl, tmp_path):
     from modelshrink.artifacts import staging_path
 
@@ -213,6 +216,7 @@ def test_out_of_gpu_memory_is_one_line_naming_the_budget_to_lower(monkeypatch, s
         pseudolabel(_options(saved_models["bart"], docs_jsonl, generator="static", max_tokens=64), tmp_path / "pl")
 
 
+@pytest.mark.slow
 def test_eval_with_the_static_search_scores_what_generate_writes(saved_models, docs_jsonl, tmp_path):
     from modelshrink.steps.evaluate import EvalOptions, evaluate
 
@@ -259,6 +263,7 @@ def test_prefetched_keeps_order_raises_the_producers_error_and_stops_when_closed
     assert len(seen) == count <= 3 + 2 + 1  # the producer stopped after filling the queue
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,settings", [("bart", dict(num_beams=3, max_length=12, no_repeat_ngram_size=2,
                                                                min_length=4, output_temperature=0.7)),
                                              ("t5", dict(num_beams=2, max_length=10)),

@@ -42,6 +42,7 @@ def _mlflow_run(folder):
     return run, history
 
 
+@pytest.mark.slow
 def test_tensorboard_and_mlflow_get_the_scalars_oftrain_log_lines(saved_models, pairs, tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
@@ -123,6 +124,7 @@ def test_tracking_dir_without_a_tracker_is_refused(pairs, tmp_path):
         _options(pairs, tmp_path, tracking_dir=str(tmp_path / "tb"))
 
 
+@pytest.mark.slow
 def test_a_tracker_that_fails_mid_run_warns_once_and_the_run_finishes(saved_models, pairs, tmp_path, monkeypatch):
     from accelerate.tracking import TensorBoardTracker
 
@@ -142,6 +144,7 @@ def test_a_tracker_that_fails_mid_run_warns_once_and_the_run_finishes(saved_mode
     assert read_manifest(out)["metrics"]["steps"] == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", ["quantize", "contrastive"])
 def test_quantize_and_contrastive_report_their_own_options_and_log(step, saved_models, classifier_path, pairs, tmp_path,
                                                                    monkeypatch):

@@ -175,6 +175,7 @@ def _two_process_worker(rank: int, port: int, workdir: str, queue) -> None:
     queue.put((rank, accelerator.num_processes, result.train_tokens, stopped))
 
 
+@pytest.mark.slow
 def test_two_processes_sum_tokens_and_a_nan_on_one_stops_both(tmp_path):
     import torch.multiprocessing as mp
 

@@ -9,6 +9,8 @@ import pytest
 
 from conftest import DOCUMENTS, SUMMARIES, TRANSLATORS, translator, write_jsonl
 
+pytestmark = pytest.mark.slow  # end to end: see CONTRIBUTING.md, the fast loop
+
 @pytest.mark.parametrize("family", sorted(TRANSLATORS))
 def test_a_translator_goes_through_the_chain(family, tmp_path):
     from modelshrink.steps.distill import DistillOptions, distill
