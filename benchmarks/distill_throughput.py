@@ -103,7 +103,7 @@ def main() -> None:
 
     from modelshrink.steps.distill import DistillOptions, distill
     from modelshrink.quickstart import sample_path, warmstart_artifact
-    from modelshrink.warmstart import packaged_minilm
+    from modelshrink.models.warmstart import packaged_minilm
 
     work = Path(tempfile.mkdtemp(prefix="bench-distill-"))
     teacher = warmstart_artifact(packaged_minilm(), work / "teacher")

@@ -46,10 +46,10 @@ def main() -> None:
 
     from modelshrink.data import open_data
     from modelshrink.steps.export import export_model
-    from modelshrink.generation import decode, generate_ids, resolve_generation
+    from modelshrink.generation.settings import decode, generate_ids, resolve_generation
     from modelshrink.metrics import rouge
     from modelshrink.metrics.stats import paired_test
-    from modelshrink.models import load_seq2seq
+    from modelshrink.models.loading import load_seq2seq
     from modelshrink.options.export import ExportOptions
     from modelshrink.quickstart import sample_path
     from modelshrink.runtime import load

@@ -61,8 +61,8 @@ def summarizer(kind: str, path: Path):
         return lambda docs, batch: runtime.summarize(docs, batch, MAX_SOURCE, **GENERATION)
     import torch
 
-    from modelshrink.generation import decode, generate_ids, resolve_generation
-    from modelshrink.models import load_seq2seq
+    from modelshrink.generation.settings import decode, generate_ids, resolve_generation
+    from modelshrink.models.loading import load_seq2seq
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     model, tokenizer, _ = load_seq2seq(str(path))
@@ -104,7 +104,7 @@ def make_forms(args: argparse.Namespace, train: Path, log) -> dict[str, tuple[st
     from modelshrink.steps.distill import DistillOptions, distill
     from modelshrink.steps.export import ExportCheckFailed, ExportOptions, export_model
     from modelshrink.families import decoder_layer_count
-    from modelshrink.models import load_config
+    from modelshrink.models.loading import load_config
     from modelshrink.steps.quantize import QuantizeOptions, quantize
 
     work, teacher = args.work, Path(args.teacher)
@@ -233,7 +233,7 @@ def budget_against_uniform(forms: dict[str, tuple[str, Path]], results: dict[str
                            log) -> list[dict]:
     """Each budget form against the uniform-bits form (all layers) nearest its size, on the same documents: ROUGE
     and a paired permutation test (`eval --compare` on the two eval artifacts, nothing generated again)."""
-    from modelshrink.compare import compare
+    from modelshrink.evaluation.compare import compare
 
     uniform = {name: artifact_mb(path) for name, (_, path) in forms.items()
                if name.split(" ")[0] in [*args.uniform, "2-2-8", "8-8-8"] and "(D " not in name}

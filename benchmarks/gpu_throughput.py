@@ -10,7 +10,7 @@ vocabulary) with random weights (seed 0) and a WordPiece tokenizer made from the
 built by `scale_out.py`'s `bart_model` (no hub, no downloads). Three parts:
 
 * pseudolabel: `modelshrink.steps.pseudolabel.pseudolabel` against a plain loop of `model.generate(...)` over
-  the very same batches (`modelshrink.generation.plan_batches` with the same --max-tokens, padded by the
+  the very same batches (`modelshrink.generation.settings.plan_batches` with the same --max-tokens, padded by the
   tokenizer) of the same --docs documents of the bundled Debian sample, beam 4, every summary exactly --length
   tokens (min_length = max_length), sources <= --max-source-length tokens; fp32 and bf16 at each --max-tokens.
   Where `PseudolabelOptions` has a `generator` option, modelshrink runs twice: `generator="auto"` (a
@@ -230,7 +230,7 @@ def modelshrink_pseudolabel(model: Path, data: Path, out: Path, dtype: str, max_
 def generate_loop(model, tokenizer, data: Path, max_tokens: int, args) -> dict:
     """What a user writes: the same batches, padded, through `model.generate`, decoded."""
     from modelshrink.data import examples, open_data
-    from modelshrink.generation import plan_batches
+    from modelshrink.generation.settings import plan_batches
     from modelshrink.options.pseudolabel import PseudolabelOptions
 
     batch_size = PseudolabelOptions.__dataclass_fields__["batch_size"].default  # pseudolabel's window of batches
@@ -384,7 +384,7 @@ def pseudolabel_part(args, model: Path, work: Path, results: Results) -> str:
 def training_file(args, tokenizer, work: Path, count: int) -> Path:
     """`count` pairs of exactly --max-source-length and --max-target-length tokens: consecutive sample documents
     (summaries) joined until they are longer than that, so truncation cuts every one to the same length."""
-    from modelshrink.seq2seq_training import tokenize_pairs
+    from modelshrink.training.seq2seq import tokenize_pairs
 
     rows = [json.loads(line) for line in args.data.read_text().splitlines()]
     sizes = {key: [len(x) for x in tokenizer([r[key] for r in rows], add_special_tokens=False)["input_ids"]]
@@ -442,8 +442,8 @@ def plain_batches(model_dir: Path, pairs: Path, batch: int, args) -> tuple[list[
     the plain loop calls inside its steps as distill does."""
     from transformers import AutoTokenizer
 
-    from modelshrink.seq2seq_training import make_collate, tokenize_pairs
-    from modelshrink.batches import make_batches
+    from modelshrink.training.seq2seq import make_collate, tokenize_pairs
+    from modelshrink.training.batches import make_batches
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = [json.loads(line) for line in pairs.read_text().splitlines()]

@@ -54,7 +54,7 @@ def main() -> None:
 
     from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
     from modelshrink.quickstart import warmstart_artifact
-    from modelshrink.warmstart import packaged_minilm
+    from modelshrink.models.warmstart import packaged_minilm
 
     work = Path(tempfile.mkdtemp(prefix="bench-plate-"))
     teacher = warmstart_artifact(packaged_minilm(), work / "teacher")

@@ -40,9 +40,9 @@ def main() -> None:
     if not DEBIAN.is_file():
         sys.exit(f"needs {DEBIAN}")
 
-    from modelshrink.efficiency import parameter_count, weight_bytes
+    from modelshrink.models.efficiency import parameter_count, weight_bytes
     from modelshrink.steps.evaluate import EvalOptions, evaluate
-    from modelshrink.models import load_seq2seq
+    from modelshrink.models.loading import load_seq2seq
     from modelshrink.steps.quantize import QuantizeOptions, quantize
 
     work = Path(tempfile.mkdtemp(prefix="bench-quant-"))

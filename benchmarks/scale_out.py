@@ -146,7 +146,7 @@ def run_cli(setting: dict, teacher: Path, out: Path, docs: int, args) -> tuple[f
 
 def cpu_part(args) -> None:
     from modelshrink.quickstart import warmstart_artifact
-    from modelshrink.warmstart import packaged_minilm
+    from modelshrink.models.warmstart import packaged_minilm
 
     load_before = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="bench-scale-"))

@@ -70,7 +70,7 @@ def main() -> None:
 
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from modelshrink.warmstart import packaged_minilm
+    from modelshrink.models.warmstart import packaged_minilm
 
     work = Path(tempfile.mkdtemp(prefix="bench-teacher-cache-"))
     torch.manual_seed(0)

@@ -76,7 +76,7 @@ mkdir -p "$out"
 source "$here/lib/jobs.sh"
 minilm=
 if [[ $stages == *teacher* || ($stages == *students* && $init == pretrained) ]]; then
-  minilm=$(python -c "import modelshrink.warmstart as w; print(w.packaged_minilm())")
+  minilm=$(python -c "import modelshrink.models.warmstart as w; print(w.packaged_minilm())")
 fi
 start=(); [[ $init == teacher ]] || start=(--student "$minilm" --layer-selection first)
 students_dir=$out; [[ $init == teacher ]] || students_dir=$out/pretrained

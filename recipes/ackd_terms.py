@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from modelshrink import classify
-from modelshrink.ackd import contrastive_loss, feature_layer_pairs, kd_loss, layer_features, patient_loss
-from modelshrink.models import load_classifier
-from modelshrink.shrink import shrink_encoder, spaced_layer_ids
+from modelshrink.training import classify
+from modelshrink.training.ackd import contrastive_loss, feature_layer_pairs, kd_loss, layer_features, patient_loss
+from modelshrink.models.loading import load_classifier
+from modelshrink.models.shrink import shrink_encoder, spaced_layer_ids
 
 
 def grad_norm(loss, params):

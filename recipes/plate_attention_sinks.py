@@ -13,10 +13,10 @@ import sys
 
 import numpy as np
 
-from modelshrink.models import load_seq2seq
-from modelshrink.plate import attention_temperature, lambdas_by_kind
-from modelshrink.attention_stats import cross_attention
-from modelshrink.generation import resolve_generation, generate_ids
+from modelshrink.models.loading import load_seq2seq
+from modelshrink.generation.plate import attention_temperature, lambdas_by_kind
+from modelshrink.generation.attention_stats import cross_attention
+from modelshrink.generation.settings import resolve_generation, generate_ids
 teacher = sys.argv[1] if len(sys.argv) > 1 else "runs/repro/teacher"
 data = sys.argv[2] if len(sys.argv) > 2 else "../shared/data/debian-descriptions/train.jsonl.gz"
 n_docs = int(sys.argv[3]) if len(sys.argv) > 3 else 100

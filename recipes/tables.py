@@ -416,9 +416,9 @@ def ackd(runs: Path, figures: Path, data: Path, teacher: Path, record: Path | No
     """With `record`, each model's validation predictions (and a student's SAR weights) are kept in
     RECORD/teacher.json and RECORD/seed-S/student-NAME.json as well, and the table covers every model recorded
     there: seeds trained in another session add to the same table without their weights."""
-    from modelshrink import classify
+    from modelshrink.training import classify
     from modelshrink.metrics.stats import paired_test
-    from modelshrink.models import load_classifier
+    from modelshrink.models.loading import load_classifier
 
     rows = classify.read_labeled(str(data / "validation.jsonl"))
     gold = [r["label"] for r in rows]

@@ -240,7 +240,7 @@ def train_log_lines(folder):
 
 def train_log_scalars(log):
     """{tag: {step: value}} of every scalar train_log.jsonl holds, as the trackers should have it."""
-    from modelshrink.tracking import scalars
+    from modelshrink.training.tracking import scalars
 
     out: dict[str, dict[int, float]] = {}
     for entry in log:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from modelshrink.ackd import (ACKDObjective, DiscriminationPredictor, FeatureStorage, contrastive_loss,
+from modelshrink.training.ackd import (ACKDObjective, DiscriminationPredictor, FeatureStorage, contrastive_loss,
                               feature_layer_pairs, kd_loss, layer_features, patient_loss)
 from modelshrink.errors import UserError
 

@@ -11,7 +11,7 @@ import torch
 
 from modelshrink.errors import UserError
 from modelshrink.steps.evaluate import EvalOptions, evaluate
-from modelshrink.plate import row_lambda
+from modelshrink.generation.plate import row_lambda
 from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
 
 from conftest import read_rows
@@ -24,9 +24,9 @@ def _entropy(weights: np.ndarray) -> np.ndarray:
 def test_recorded_weights_are_those_of_the_lambda(saved_models):
     """Attention at λ = 4 is softmax(z / 2): every row's entropy is at least λ = 1's (entropy grows
     with the temperature), and some grow strictly."""
-    from modelshrink.attention_stats import cross_attention
-    from modelshrink.models import load_seq2seq
-    from modelshrink.plate import attention_temperature, lambdas_by_kind
+    from modelshrink.generation.attention_stats import cross_attention
+    from modelshrink.models.loading import load_seq2seq
+    from modelshrink.generation.plate import attention_temperature, lambdas_by_kind
 
     model, tok, family = load_seq2seq(str(saved_models["bart"]), "model", False, "cpu")
     enc = tok(["the cat sat on the mat and looked at the dog", "a short one"], padding=True, return_tensors="pt")

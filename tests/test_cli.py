@@ -199,7 +199,7 @@ def test_cached_hub_name_works_offline(offline):
 
 @pytest.mark.slow
 def test_interrupted_cli_run_resumes(saved_models, docs_jsonl, tmp_path, monkeypatch):
-    import modelshrink.summarizer as pl  # where pseudolabel's teacher generates
+    import modelshrink.generation.summarizer as pl  # where pseudolabel's teacher generates
 
     original = pl.generate_ids
     calls = {"n": 0}

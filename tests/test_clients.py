@@ -89,8 +89,8 @@ def _runtime_tokens(folder: Path, searches: list[dict]) -> tuple[list[list[int]]
 def _pytorch_tokens(model_path: Path, ids: list[list[int]], searches: list[dict]) -> list[list[list[int]]]:
     import torch
 
-    from modelshrink.generation import generate_ids, resolve_generation
-    from modelshrink.models import load_seq2seq
+    from modelshrink.generation.settings import generate_ids, resolve_generation
+    from modelshrink.models.loading import load_seq2seq
 
     model, _, _ = load_seq2seq(str(model_path))
     out = []

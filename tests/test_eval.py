@@ -118,7 +118,7 @@ def test_attention_stats_and_plot(saved_models, docs_jsonl, tmp_path):
 def test_attention_bins_by_hand():
     import numpy as np
 
-    from modelshrink.attention_stats import evident_bins
+    from modelshrink.generation.attention_stats import evident_bins
 
     weights = np.zeros((1, 1, 2, 10))  # 10 source tokens: bin k holds tokens 2k and 2k+1
     weights[0, 0, 0, [0, 1, 9]] = 0.3  # two evident weights in bin 0, one in bin 4
@@ -153,7 +153,7 @@ def test_regression_predictions(tmp_path):
 
 def test_compare_table_significance_and_figure(saved_models, docs_jsonl, tmp_path):
     pytest.importorskip("matplotlib")
-    from modelshrink.compare import compare
+    from modelshrink.evaluation.compare import compare
 
     a, _ = evaluate(EvalOptions(data=str(docs_jsonl), model=str(saved_models["bart"]), device="cpu",
                                 latency_docs=0), tmp_path / "a")

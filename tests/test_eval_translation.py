@@ -313,7 +313,7 @@ def test_all_empty_outputs_are_refused_unless_asked_for(tmp_path):
 def test_translation_evals_compare_side_by_side(tmp_path):
     """`eval --compare` of translation evaluations: corpus BLEU and chrF side by side, each tested against the first
     with the corpus paired test (it once failed on a missing table entry)."""
-    from modelshrink.compare import compare
+    from modelshrink.evaluation.compare import compare
 
     good = write_jsonl(tmp_path / "good.jsonl", _rows(TARGETS))
     bad = write_jsonl(tmp_path / "bad.jsonl", _rows([_worse(t) for t in TARGETS]))

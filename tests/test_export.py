@@ -94,7 +94,7 @@ def test_classifier_exports_and_predictions_agree(classifier_path, tmp_path):
     report = json.loads((tmp_path / "clf" / "export_report.json").read_text())["validation"]
     assert report["predictions"]["equal"] and report["max_abs_diff"] < 1e-4
     # not only the export's word for it: the runtime's logits are PyTorch's
-    from modelshrink.models import load_classifier
+    from modelshrink.models.loading import load_classifier
     from modelshrink.runtime import load
 
     model, tok = load_classifier(str(classifier_path))

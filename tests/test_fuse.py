@@ -17,8 +17,8 @@ pytestmark = pytest.mark.slow  # end to end: see CONTRIBUTING.md, the fast loop
 
 @pytest.mark.parametrize("family", ["bart", "t5", "bert2bert"])
 def test_fused_decoder_generates_the_tokens_pytorch_generates(plain_models, tmp_path, family):
-    from modelshrink.generation import generate_ids, resolve_generation
-    from modelshrink.models import load_seq2seq
+    from modelshrink.generation.settings import generate_ids, resolve_generation
+    from modelshrink.models.loading import load_seq2seq
     from modelshrink.onnx.fuse import fuse_decoder_with_past
     from modelshrink.onnx.merge import merge_decoders
     from modelshrink.runtime import load

@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from conftest import DOCUMENTS, FAMILIES, SUMMARIES, TRANSLATORS, build, launch_command, train_log_lines, translator, \
     write_jsonl
-from modelshrink import lm_head
-from modelshrink.losses import label_smoothed_cross_entropy, linear_cross_entropy
+from modelshrink.models import lm_head
+from modelshrink.training.losses import label_smoothed_cross_entropy, linear_cross_entropy
 from modelshrink.steps.distill import DistillOptions, distill
 
 
@@ -155,7 +155,7 @@ def _has_gradient(name):
 def test_distill_loss_gives_the_same_gradients_with_and_without_the_fused_loss(family):
     from types import SimpleNamespace
 
-    from modelshrink.seq2seq_training import make_collate, make_loss, tokenize_pairs
+    from modelshrink.training.seq2seq import make_collate, make_loss, tokenize_pairs
 
     model, tok = build(family)
     rows = [SimpleNamespace(document=d, reference=s) for d, s in zip(DOCUMENTS[:4], SUMMARIES[:4])]

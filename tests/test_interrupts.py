@@ -33,7 +33,7 @@ from conftest import DOCUMENTS, SUMMARIES, one_torch_thread, write_jsonl
 from modelshrink.artifacts import read_manifest, staging_path
 from modelshrink.cli import app
 from modelshrink.options.train import TrainOptions
-from modelshrink.train import train
+from modelshrink.training.loop import train
 from toy_task import EXAMPLES
 from toy_task import collate as _collate
 from toy_task import loss as _loss
@@ -284,7 +284,7 @@ def test_save_total_limit_keeps_the_newest_and_resume_still_works(tmp_path):
 
 def test_save_total_limit_is_checked_and_may_change_on_resume():
     from modelshrink.errors import UserError
-    from modelshrink.runs import MAY_CHANGE_ON_RESUME
+    from modelshrink.training.runs import MAY_CHANGE_ON_RESUME
 
     with pytest.raises(UserError, match="--save-total-limit must be >= 1, got 0"):
         TrainOptions(max_steps=1, save_total_limit=0)
@@ -314,7 +314,7 @@ def test_a_torn_log_line_and_a_log_window_across_the_checkpoint(tmp_path):
 def test_a_resume_publishes_the_best_weights_its_checkpoint_names(tmp_path):
     from safetensors.torch import save_file
 
-    from modelshrink.runs import keep_best, save_best_with
+    from modelshrink.training.runs import keep_best, save_best_with
 
     calls = {"n": 0}  # = the step being trained: one loss call per step
     scores = {2: 1.0, 4: 2.0}  # validation improves at steps 2 and 4, never after

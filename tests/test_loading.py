@@ -17,7 +17,7 @@ from conftest import DOCUMENTS, bert_tokenizer, build, write_jsonl
 from modelshrink.artifacts import staging_path
 from modelshrink.cli import app
 from modelshrink.errors import UserError
-from modelshrink.models import load_classifier, load_seq2seq
+from modelshrink.models.loading import load_classifier, load_seq2seq
 from modelshrink.quant.model import WEIGHTS_NAME
 
 runner = CliRunner()
@@ -287,7 +287,7 @@ def test_a_cached_hub_name_follows_the_pickle_policy(saved_models, tmp_path, mon
 def test_a_warm_start_from_a_pickled_encoder_follows_the_policy(tmp_path):
     from transformers import BertConfig, BertModel
 
-    from modelshrink.warmstart import init_encoder_decoder
+    from modelshrink.models.warmstart import init_encoder_decoder
 
     tok = bert_tokenizer()
     encoder = tmp_path / "encoder"

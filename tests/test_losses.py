@@ -1,4 +1,4 @@
-"""losses.py: each loss against a direct computation, zero for a perfect student, blind to padding."""
+"""training/losses.py: each loss against a direct computation, zero for a perfect student, blind to padding."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import DOCUMENTS, FAMILIES, SUMMARIES, build
 
-from modelshrink.losses import (attention_mse, hidden_mse, kd_kl, kd_mse, label_smoothed_cross_entropy)
-from modelshrink.shrink import shrink
+from modelshrink.training.losses import (attention_mse, hidden_mse, kd_kl, kd_mse, label_smoothed_cross_entropy)
+from modelshrink.models.shrink import shrink
 
 
 def _logits(seed=0, shape=(2, 3, 5)):

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from conftest import FAMILIES, build
 from modelshrink.families import ATTENTION_KINDS, family_of
-from modelshrink.generation import GenerationSettings, generate
-from modelshrink.plate import RowScale, attention_temperature, lambdas_by_kind
+from modelshrink.generation.settings import GenerationSettings, generate
+from modelshrink.generation.plate import RowScale, attention_temperature, lambdas_by_kind
 
 UNIT = {k: 1.0 for k in ATTENTION_KINDS}
 

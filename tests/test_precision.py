@@ -26,7 +26,7 @@ from modelshrink.errors import UserError
 from modelshrink.options.train import TrainOptions
 from modelshrink.quant.model import WEIGHTS_NAME
 from modelshrink.steps.quantize import QuantizeOptions, quantize
-from modelshrink.train import latest_checkpoint, train
+from modelshrink.training.loop import latest_checkpoint, train
 
 runner = CliRunner()
 
@@ -73,7 +73,7 @@ def _distill(tiny, out, **kw):
 
 @pytest.mark.slow
 def test_bf16_distillation_with_a_bf16_teacher_learns_and_saves_float32(tiny, tmp_path, monkeypatch):
-    from modelshrink import losses
+    from modelshrink.training import losses
 
     seen = []
     kd_kl = losses.kd_kl
@@ -242,7 +242,7 @@ def test_resuming_with_another_precision_is_refused(tiny, tmp_path):
 
 
 def test_the_mixed_precision_can_change_between_runs_of_one_process(tiny, tmp_path):
-    from modelshrink.runs import start_run
+    from modelshrink.training.runs import start_run
 
     for i, precision in enumerate(["fp32", "bf16", "fp32"]):
         accelerator, _ = start_run(tmp_path / f"out{i}", "cpu", overwrite=False, resume=False, precision=precision)

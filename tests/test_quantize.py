@@ -15,7 +15,7 @@ from conftest import DOCUMENTS, SUMMARIES, bart_tokenizer, build, write_jsonl
 from modelshrink.artifacts import read_manifest, staging_path
 from modelshrink.cli import app
 from modelshrink.errors import UserError
-from modelshrink.models import load_classifier
+from modelshrink.models.loading import load_classifier
 from modelshrink.quant.model import WEIGHTS_NAME, load_quantized, save_quantized
 from modelshrink.quant.modules import quantize_model
 from modelshrink.quant.spec import parse_bits
@@ -94,7 +94,7 @@ def test_sinusoidal_positions_are_made_again_on_load_not_stored(family, tmp_path
     from safetensors import safe_open
 
     from conftest import translator
-    from modelshrink.models import load_seq2seq
+    from modelshrink.models.loading import load_seq2seq
 
     model, tok, _ = load_seq2seq(str(translator(family, tmp_path / "float")), "model")
     spec = parse_bits("2-2-8")
@@ -206,7 +206,7 @@ def _trained_tiny(tmp_path, pairs):
 
 def _nll(model_dir, pairs_rows):
     """Teacher-forced token negative log-likelihood of the pairs (lower is better)."""
-    from modelshrink.models import load_seq2seq
+    from modelshrink.models.loading import load_seq2seq
 
     model, tok, _ = load_seq2seq(str(model_dir))
     enc = tok([r["document"] for r in pairs_rows], padding=True, return_tensors="pt")

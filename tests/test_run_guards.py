@@ -19,7 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import DOCUMENTS, SUMMARIES, write_jsonl
-from modelshrink import locks, shards
+from modelshrink import locks
+from modelshrink.generation import shards
 from modelshrink.artifacts import ArtifactWriter, staging_path
 from modelshrink.cli import app
 from modelshrink.errors import UserError
@@ -179,7 +180,7 @@ def test_assembly_in_order(tmp_path):
 def _fail_if_loaded(monkeypatch):
     def loaded(*a, **k):
         raise AssertionError("the model was loaded before the output was checked")
-    monkeypatch.setattr("modelshrink.summarizer.load_seq2seq", loaded)  # the model pseudolabel loads
+    monkeypatch.setattr("modelshrink.generation.summarizer.load_seq2seq", loaded)  # the model pseudolabel loads
 
 
 def test_an_output_under_a_file_is_refused_before_loading(saved_models, docs_jsonl, tmp_path, monkeypatch):
@@ -381,7 +382,7 @@ def test_resume_of_a_complete_artifact_warns_when_a_parent_was_made_again(tmp_pa
     """--resume keeps a complete artifact as it is, but says so when an artifact it was made from has been
     remade since (a rerun of a pipeline after a parent was redone would otherwise keep a stale child)."""
     from modelshrink.artifacts import sha256_file
-    from modelshrink.runs import finished
+    from modelshrink.training.runs import finished
 
     parent, child, data = tmp_path / "labels", tmp_path / "student", tmp_path / "train.jsonl"
     parent.mkdir()

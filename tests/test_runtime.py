@@ -35,8 +35,8 @@ def exported(plain_models, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
                                        dict(num_beams=3, no_repeat_ngram_size=2, min_length=6, length_penalty=2.0)],
                          ids=["greedy", "beam3-ngram-minlen"])
 def test_runtime_generates_the_tokens_pytorch_generates(exported, family, overrides):
-    from modelshrink.generation import generate_ids, resolve_generation
-    from modelshrink.models import load_seq2seq
+    from modelshrink.generation.settings import generate_ids, resolve_generation
+    from modelshrink.models.loading import load_seq2seq
     from modelshrink.runtime import load
 
     model_path, export_path = exported[family]
@@ -133,8 +133,8 @@ def test_eval_and_run_on_a_damaged_export_folder_fail_with_one_line(exported, do
 
 
 def test_runtime_classifies_like_pytorch(classifier_path, tmp_path):
-    from modelshrink.classify import predict
-    from modelshrink.models import load_classifier
+    from modelshrink.training.classify import predict
+    from modelshrink.models.loading import load_classifier
     from modelshrink.runtime import load
 
     assert runner.invoke(app, ["export", str(classifier_path), "-o", str(tmp_path / "c"), "--no-validate"]).exit_code == 0
@@ -150,7 +150,7 @@ def test_documents_that_finish_early_leave_the_batch_and_tokens_still_match(tmp_
     beam search's batch (fewer decoder rows per step), and every document still gets transformers' tokens."""
     import torch
 
-    from modelshrink.generation import generate_ids, resolve_generation
+    from modelshrink.generation.settings import generate_ids, resolve_generation
     from modelshrink.runtime import load
 
     model, tok = build("bart", wide=False)

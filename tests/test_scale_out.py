@@ -20,7 +20,7 @@ from modelshrink.artifacts import read_manifest, staging_path
 from modelshrink.cli import app
 from modelshrink.errors import UserError
 from modelshrink.steps.evaluate import evaluate
-from modelshrink.generation import plan_batches
+from modelshrink.generation.settings import plan_batches
 from modelshrink.options.eval import EvalOptions
 from modelshrink.options.pseudolabel import PseudolabelOptions
 from modelshrink.steps.pseudolabel import pseudolabel
@@ -210,7 +210,7 @@ def test_a_killed_process_then_resume_gives_the_uninterrupted_result(saved_model
 @pytest.mark.slow
 def test_token_budget_batches_respect_the_budget_and_keep_the_output(saved_models, many_docs, tmp_path):
     from modelshrink.data import examples, open_data
-    from modelshrink.models import load_tokenizer
+    from modelshrink.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(str(saved_models["bart"]))
     stream = examples(open_data(str(many_docs)), "document", "summary")

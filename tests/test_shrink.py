@@ -1,4 +1,4 @@
-"""shrink.py: layer maps, and students that keep exactly the teacher's chosen layers."""
+"""models/shrink.py: layer maps, and students that keep exactly the teacher's chosen layers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from conftest import DOCUMENTS, FAMILIES, SUMMARIES, build
 
 from modelshrink.errors import UserError
 from modelshrink.families import family_of
-from modelshrink.shrink import check_layer_ids, first_layer_ids, layer_counts, shrink, spaced_layer_ids
+from modelshrink.models.shrink import check_layer_ids, first_layer_ids, layer_counts, shrink, spaced_layer_ids
 
 
 def _set_dotted(config, dotted: str, value) -> None:
@@ -230,7 +230,7 @@ def test_shrink_encoder_keeps_the_chosen_layers_of_a_classifier():
     from transformers import BertConfig, BertForSequenceClassification, DistilBertConfig, \
         DistilBertForSequenceClassification
 
-    from modelshrink.shrink import shrink_encoder
+    from modelshrink.models.shrink import shrink_encoder
 
     torch.manual_seed(0)
     teacher = BertForSequenceClassification(BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=4,

@@ -10,9 +10,9 @@ import torch
 
 from conftest import DOCUMENTS, build, interrupt_after, read_rows, translator
 from modelshrink.errors import UserError
-from modelshrink.generation import generate_ids, resolve_generation
-from modelshrink.staticgen import StaticSearch, why_not
-from modelshrink.staticgen.runner import ladder
+from modelshrink.generation.settings import generate_ids, resolve_generation
+from modelshrink.generation.static import StaticSearch, why_not
+from modelshrink.generation.static.runner import ladder
 from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
 
 FIXED = {"encoder_self": 1.0, "decoder_self": 1.0, "decoder_cross": 1.0}
@@ -164,7 +164,7 @@ def test_what_it_does_not_take_is_said():
 
 
 def test_auto_on_a_cpu_is_transformers_and_says_nothing(saved_models, docs_jsonl, tmp_path):
-    from modelshrink.summarizer import Summarizer
+    from modelshrink.generation.summarizer import Summarizer
 
     said = []
     options = _options(saved_models["bart"], docs_jsonl)
@@ -174,7 +174,7 @@ def test_auto_on_a_cpu_is_transformers_and_says_nothing(saved_models, docs_jsonl
 
 def test_auto_on_a_gpu_says_in_one_line_why_a_model_takes_generate(monkeypatch, saved_models, docs_jsonl):
     """Where `auto` would take the static search (a GPU) but the model cannot, one line says so."""
-    from modelshrink import summarizer
+    from modelshrink.generation import summarizer
 
     model, _ = build("bert2bert")
     monkeypatch.setattr(type(model), "device", property(lambda self: torch.device("cuda")))
@@ -231,7 +231,7 @@ def test_eval_with_the_static_search_scores_what_generate_writes(saved_models, d
 
 
 def test_prefetched_keeps_order_raises_the_producers_error_and_stops_when_closed():
-    from modelshrink.shards import prefetched
+    from modelshrink.generation.shards import prefetched
 
     assert list(prefetched(iter(range(50)), depth=3)) == list(range(50))
 

@@ -14,7 +14,7 @@ from modelshrink.artifacts import read_manifest, verify_files
 from modelshrink.cli import app
 from modelshrink.errors import UserError
 from modelshrink.steps.distill import DistillOptions, distill
-from modelshrink.tracking import parse_report_to
+from modelshrink.options.train import parse_report_to
 
 runner = CliRunner()
 
@@ -109,9 +109,11 @@ def test_an_unwritable_tracking_dir_is_one_line_before_any_model_loads(pairs, tm
 
 
 def test_wandb_online_without_its_server_is_one_line(pairs, tmp_path, monkeypatch):
-    import modelshrink.tracking as tracking
+    import modelshrink.options.train as train_options
+    import modelshrink.training.tracking as tracking
 
-    monkeypatch.setattr(tracking, "check_installed", lambda names: None)  # wandb need not be installed here
+    for module in (train_options, tracking):  # wandb need not be installed here
+        monkeypatch.setattr(module, "check_installed", lambda names: None)
     monkeypatch.setenv("WANDB_MODE", "online")
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # the discard port: nothing listens
     with pytest.raises(UserError, match="WANDB_MODE=online but http://127.0.0.1:9 cannot be reached; unset WANDB_MODE"):

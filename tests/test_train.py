@@ -10,7 +10,7 @@ from accelerate import Accelerator
 from torch import nn
 
 from modelshrink.options.train import TrainOptions
-from modelshrink.train import TrainingDiverged, TrainState, latest_checkpoint, train
+from modelshrink.training.loop import TrainingDiverged, TrainState, latest_checkpoint, train
 from toy_task import EXAMPLES
 from toy_task import collate as _collate
 from toy_task import loss as _loss

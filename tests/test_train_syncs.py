@@ -15,7 +15,7 @@ from accelerate import Accelerator
 
 from conftest import free_port
 from modelshrink.options.train import TrainOptions
-from modelshrink.train import TrainingDiverged, _to_device, latest_checkpoint, train
+from modelshrink.training.loop import TrainingDiverged, _to_device, latest_checkpoint, train
 from toy_task import EXAMPLES
 from toy_task import collate as _collate
 from toy_task import loss as _loss
@@ -55,7 +55,7 @@ def _nan_from(step: int, grad_accum: int = 1):
 def test_a_nan_loss_stops_naming_its_step_and_nothing_after_it_is_written(tmp_path, bad, options, checkpoints, bests):
     from safetensors.torch import save_file
 
-    from modelshrink.runs import save_best_with
+    from modelshrink.training.runs import save_best_with
 
     validated = []
 

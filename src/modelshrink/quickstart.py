@@ -29,9 +29,9 @@ from typing import Any, Callable
 from modelshrink.artifacts import ArtifactWriter, check_output, parent_ref
 from modelshrink.cards import commit_model
 from modelshrink.errors import UserError
-from modelshrink.models import save_model
+from modelshrink.models.loading import save_model
 from modelshrink.options.quickstart import QuickstartOptions
-from modelshrink.warmstart import WARMSTART_GENERATION, init_encoder_decoder, packaged_minilm
+from modelshrink.models.warmstart import WARMSTART_GENERATION, init_encoder_decoder, packaged_minilm
 
 
 def sample_path(split: str = "train") -> Path:
@@ -68,7 +68,7 @@ def run_quickstart(budget: QuickstartOptions | None, output: str | Path, *, over
                    progress: Callable[[str], Any] | None = None, train_progress: Callable[[str], Any] | None = None,
                    log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Run the chain into `output` (a folder of artifacts); returns the comparison."""
-    from modelshrink.compare import compare
+    from modelshrink.evaluation.compare import compare
     from modelshrink.steps.distill import DistillOptions, distill
     from modelshrink.steps.evaluate import EvalOptions, evaluate
     from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel

@@ -84,9 +84,9 @@ def resume_hint(output: Path | None) -> str:
     command that continues it (this command with --resume), or that nothing was kept."""
     if output is None:
         return ""
-    from modelshrink import shards
+    from modelshrink.generation import shards
     from modelshrink.artifacts import staging_path
-    from modelshrink.checkpoints import latest_checkpoint
+    from modelshrink.training.checkpoints import latest_checkpoint
 
     staging = staging_path(Path(output))
     if not staging.is_dir():
@@ -244,7 +244,7 @@ def print_comparison(result: dict[str, Any]) -> None:
     """eval --compare's table of systems on stderr (eval --compare and quickstart print it)."""
     from rich.table import Table
 
-    from modelshrink.compare import QUALITY
+    from modelshrink.evaluation.compare import QUALITY
 
     keys = QUALITY[result["task"]]
     table = Table(title=f"compare ({result['significance']['method']} test against {result['significance']['against']};"

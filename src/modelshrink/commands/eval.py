@@ -122,7 +122,7 @@ def eval_command(values: dict[str, Any], inputs: list[str], output: Path, json_o
         if compare:
             if resume:
                 raise fail("--resume continues one evaluation; --compare starts its own")
-            from modelshrink.compare import compare as run_compare
+            from modelshrink.evaluation.compare import compare as run_compare
 
             def evaluate_model(model: str, folder: Path) -> Path:
                 options = EvalOptions(data=compare_data, model=model, device=values["device"],

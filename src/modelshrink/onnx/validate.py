@@ -201,7 +201,7 @@ def generation_agreement(model: Any, tokenizer: Any, runtime: Any, texts: list[s
     machine, with the same verdict, and the padded rows check the masks too. An int8 graph quantizes a
     batch's activations with shared scales, so its tokens for a document can depend on the batch; those
     differences are listed, as int8's are anyway."""
-    from modelshrink.generation import decode, generate_ids, resolve_generation
+    from modelshrink.generation.settings import decode, generate_ids, resolve_generation
 
     beams = max(int(getattr(model.generation_config, "num_beams", 1) or 1), 2)
     modes = {"greedy": 1, f"beam {beams}": beams}
@@ -227,7 +227,7 @@ def generation_agreement(model: Any, tokenizer: Any, runtime: Any, texts: list[s
 
 
 def label_agreement(model: Any, tokenizer: Any, runtime: Any, texts: list[str], max_source_length: int) -> dict[str, Any]:
-    from modelshrink.classify import predict
+    from modelshrink.training.classify import predict
 
     rows = [{"text": t, "text_pair": None} for t in texts]
     expected = predict(model, tokenizer, rows, len(rows), "cpu", max_source_length)

@@ -6,9 +6,38 @@ from dataclasses import fields
 from typing import ClassVar
 
 from modelshrink.errors import UserError
-
 from modelshrink.options import Options, opt, options_class
 from modelshrink.precision import PRECISIONS
+
+# name -> (module to import, what to install)
+TRACKERS = {"tensorboard": ("tensorboard", "pip install tensorboard"),
+            "wandb": ("wandb", "pip install wandb"),
+            "mlflow": ("mlflow", "pip install mlflow-skinny (or mlflow)")}
+NONE = "none"
+
+
+def parse_report_to(value: str) -> tuple[str, ...]:
+    """`--report-to`'s trackers ("tensorboard,mlflow" -> ("tensorboard", "mlflow"); "none" -> ()); a UserError
+    names an unknown one or `none` among others."""
+    names = [n.strip().lower() for n in str(value).split(",") if n.strip()]
+    unknown = [n for n in names if n != NONE and n not in TRACKERS]
+    if unknown:
+        raise UserError(f"--report-to {value}: unknown tracker {', '.join(unknown)}; choose from "
+                        f"{', '.join(TRACKERS)} (comma-separated) or {NONE}")
+    if NONE in names and len(names) > 1:
+        raise UserError(f"--report-to {value}: {NONE} cannot go with a tracker")
+    return tuple(dict.fromkeys(n for n in names if n != NONE))
+
+
+def check_installed(names: tuple[str, ...]) -> None:
+    """One line naming the package to install for each tracker asked for that is not installed (no import)."""
+    from importlib.util import find_spec
+
+    for name in names:
+        module, install = TRACKERS[name]
+        if find_spec(module) is None:
+            raise UserError(f"--report-to {name}: {module} is not installed; {install}")
+
 
 DATA = "Data"
 SPLITS = "a folder of split files, a datasets folder or a hub dataset"
@@ -64,8 +93,6 @@ class TrainOptions(Options):
                                    metavar="DIR")
 
     def check(self) -> None:
-        from modelshrink.tracking import check_installed, parse_report_to
-
         if self.max_steps is None and self.epochs is None:
             raise UserError("give a budget: --max-steps N or --epochs N")
         check_installed(parse_report_to(self.report_to))
@@ -73,8 +100,6 @@ class TrainOptions(Options):
     @property
     def trackers(self) -> tuple[str, ...]:
         """--report-to's trackers (() for none)."""
-        from modelshrink.tracking import parse_report_to
-
         return parse_report_to(self.report_to)
 
     def train_options(self) -> "TrainOptions":

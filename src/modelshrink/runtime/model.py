@@ -31,7 +31,7 @@ def _first_line(error: BaseException) -> str:
 
 
 def _damaged(path: Path, cause: str) -> UserError:
-    """The one line for a file of an export folder that cannot be read (as modelshrink.model_files says it)."""
+    """The one line for a file of an export folder that cannot be read (as modelshrink.models.files says it)."""
     return UserError(f"cannot load export from {path.parent}: {path.name} is damaged or incomplete ({cause})")
 
 
@@ -377,7 +377,7 @@ class ExportedModel:
         return self.classifier.run(None, {k: v for k, v in enc.items() if k in self.classifier_inputs})[0]
 
     def classify(self, texts: list[str], pairs: list[str] | None = None, batch_size: int = 32) -> list[Any]:
-        """Class ids, or values for a one-output (regression) head, as `modelshrink.classify.predict`."""
+        """Class ids, or values for a one-output (regression) head, as `modelshrink.training.classify.predict`."""
         out: list[Any] = []
         for start in range(0, len(texts), batch_size):
             logits = self.logits(texts[start:start + batch_size],

@@ -25,8 +25,8 @@ def seq2seq_objective(rows: list[Any], tokenizer: Any, teacher: Any, max_source_
                       batch_size: int, device: Any) -> Objective:
     """(batches, teacher logits of a batch, loss of a model on a batch given them): cross-entropy on the reference
     plus the MSE to the teacher's logits on the target tokens."""
-    from modelshrink import losses
-    from modelshrink.seq2seq_training import decoder_inputs, make_collate, tokenize_pairs
+    from modelshrink.training import losses
+    from modelshrink.training.seq2seq import decoder_inputs, make_collate, tokenize_pairs
 
     collate = make_collate(tokenizer.pad_token_id)
     tokenized = tokenize_pairs(rows, tokenizer, max_source_length, max_target_length)
@@ -47,7 +47,7 @@ def seq2seq_objective(rows: list[Any], tokenizer: Any, teacher: Any, max_source_
 def classifier_objective(examples: list[dict[str, Any]], pad_id: int, teacher: Any, batch_size: int,
                          device: Any) -> Objective:
     """The same for a classifier: the task loss (cross-entropy, or MSE for regression) plus the logits' MSE."""
-    from modelshrink.classify import make_collate
+    from modelshrink.training.classify import make_collate
 
     collate = make_collate(pad_id)
     batches = [_on(collate(chunk), device) for chunk in batched(examples, batch_size)]

@@ -1,10 +1,10 @@
 """`contrastive`: ACKD distillation of BERT-style sequence classifiers, or plain fine-tuning.
 
 With `--teacher` the student (the teacher's own layers, `--layers K`, or a separate `--student`)
-learns by Eq. 4 of ACKD (see `modelshrink.ackd`). Without a teacher the `--student` — a classifier,
+learns by Eq. 4 of ACKD (see `modelshrink.training.ackd`). Without a teacher the `--student` — a classifier,
 or a pretrained encoder such as MiniLM that gets a new head — is fine-tuned by cross-entropy alone,
 which is how a user with only an encoder makes the teacher. Both go through the shared loop
-(`modelshrink.train`): progress, validation with the best checkpoint, exact resume, accelerate.
+(`modelshrink.training.loop`): progress, validation with the best checkpoint, exact resume, accelerate.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import numpy as np
 import torch
 
 from modelshrink._version import __version__
-from modelshrink.ackd import ACKDObjective, feature_layer_pairs, layer_features
+from modelshrink.training.ackd import ACKDObjective, feature_layer_pairs, layer_features
 from modelshrink.errors import UserError
 from modelshrink.families import encoder_layer_count
 from modelshrink.metrics.names import CLASSIFICATION_METRICS
 from modelshrink.options.contrastive import ContrastiveOptions
-from modelshrink.runs import TrainingRun, parent_refs, save_best_with, training_metrics
-from modelshrink.train import enable_gradient_checkpointing, place_teacher, train
+from modelshrink.training.runs import TrainingRun, parent_refs, save_best_with, training_metrics
+from modelshrink.training.loop import enable_gradient_checkpointing, place_teacher, train
 
 # ---------------------------------------------------------------- labels
 
@@ -67,9 +67,9 @@ def to_bins(values: list[float], edges: list[float]) -> list[int]:
 def build_models(options: ContrastiveOptions, log: Callable[[str], None]) -> dict[str, Any]:
     """Teacher (or None), student, tokenizer and the student's layer map; one-line errors for
     models that cannot be paired."""
-    from modelshrink.models import tokenizer_mismatch
-    from modelshrink.models import is_classifier, load_classifier, load_config, task_of
-    from modelshrink.shrink import first_layer_ids, shrink_encoder, spaced_layer_ids
+    from modelshrink.models.loading import tokenizer_mismatch
+    from modelshrink.models.loading import is_classifier, load_classifier, load_config, task_of
+    from modelshrink.models.shrink import first_layer_ids, shrink_encoder, spaced_layer_ids
 
     torch.manual_seed(options.seed)  # a new head is random
     teacher = tokenizer = None
@@ -115,7 +115,7 @@ def build_models(options: ContrastiveOptions, log: Callable[[str], None]) -> dic
 
 
 def _read(spec: str, split: str | None, limit: int | None, options: ContrastiveOptions, config: Any, task: str):
-    from modelshrink import classify
+    from modelshrink.training import classify
 
     return classify.read_labeled(spec, split=split, text_column=options.text_column,
                                  text_pair_column=options.text_pair_column, label_column=options.label_column,
@@ -154,7 +154,7 @@ def _check_features(teacher: Any, examples: list[dict[str, Any]], collate: Calla
                     ) -> dict[str, dict[int, float]]:
     """The teacher's feature spread on up to 64 training sentences (spread evenly over the data); a warning
     when the compared feature is the same for every sentence at some mapped layer."""
-    from modelshrink.ackd import DEGENERATE_COSINE, feature_spread
+    from modelshrink.training.ackd import DEGENERATE_COSINE, feature_spread
 
     step = max(1, len(examples) // 64)
     batch = collate(examples[::step][:64])
@@ -249,8 +249,8 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
         student = modelshrink.contrastive(ContrastiveOptions(data="sentences.jsonl", teacher="classifier", layers=3,
                                                              epochs=3), "student-3l")
     """
-    from modelshrink import classify
-    from modelshrink.models import resolve_device, save_model, source_length, task_of
+    from modelshrink.training import classify
+    from modelshrink.models.loading import resolve_device, save_model, source_length, task_of
 
     run = TrainingRun("contrastive", options, output, overwrite=overwrite, resume=resume, log=log)
     if run.finished():
@@ -337,7 +337,7 @@ def _objective(options: ContrastiveOptions, built: dict[str, Any], distilling: b
 def _commit(run: TrainingRun, objective: Any, built: dict[str, Any], result: Any,
             teacher_validation: dict[str, Any] | None, resolved: dict[str, Any]) -> Path:
     """The trained student's metrics and model card; the artifact committed."""
-    from modelshrink.efficiency import parameter_count
+    from modelshrink.models.efficiency import parameter_count
 
     options = run.options
 

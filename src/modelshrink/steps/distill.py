@@ -4,8 +4,8 @@ The student is trained on gold summaries or on `pseudolabel` output (sequence-le
 PLATE section 3.2) with label-smoothed cross-entropy, optionally plus word-level distillation
 losses against the teacher (DQ-BART section 2.2, Appendix B): logits (KL with temperature, or
 MSE), hidden states and attention (encoder self, decoder self, cross), each student layer matched to
-the teacher layer it was copied from (the map φ). The student is built by `students.py`, trained by
-`seq2seq_training.py`, and the run's lifecycle is `runs.TrainingRun`, as for `quantize`.
+the teacher layer it was copied from (the map φ). The student is built by `training/students.py`, trained by
+`training/seq2seq.py`, and the run's lifecycle is `training/runs.TrainingRun`, as for `quantize`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any, Callable
 
 from modelshrink._version import __version__
 from modelshrink.options.distill import DistillOptions
-from modelshrink.runs import TrainingRun, parent_refs
-from modelshrink.seq2seq_training import read_pairs_for, train_seq2seq
-from modelshrink.students import build_student, check_widths, student_metrics
-from modelshrink.train import TrainResult, enable_gradient_checkpointing
+from modelshrink.training.runs import TrainingRun, parent_refs
+from modelshrink.training.seq2seq import read_pairs_for, train_seq2seq
+from modelshrink.training.students import build_student, check_widths, student_metrics
+from modelshrink.training.loop import TrainResult, enable_gradient_checkpointing
 
 SAVE_PRETRAINED = "A `save_pretrained` folder: plain `transformers` loads it."
 
@@ -39,7 +39,7 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
         student = modelshrink.distill(DistillOptions(data="labels", teacher="teacher", decoder_layers=3, epochs=3,
                                                      validation="valid.jsonl", eval_every=500), "student")
     """
-    from modelshrink.models import resolve_device, save_model, source_length
+    from modelshrink.models.loading import resolve_device, save_model, source_length
 
     run = TrainingRun("distill", options, output, overwrite=overwrite, resume=resume, log=log)
     if run.finished():

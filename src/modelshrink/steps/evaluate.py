@@ -19,12 +19,12 @@ from typing import Any, Callable
 from modelshrink.artifacts import CARD_NAME, MANIFEST_NAME, RUN_FILE, ArtifactWriter, parent_ref, read_manifest
 from modelshrink.data import language_pairs, open_data
 from modelshrink.errors import UserError
-from modelshrink.inference import generate_summaries, predict_labels
+from modelshrink.evaluation.inference import generate_summaries, predict_labels
 from modelshrink.metrics import rouge
 from modelshrink.metrics.names import ALL_METRICS
 from modelshrink.options.eval import EvalOptions
-from modelshrink.predictions import file_task, labels_from_file, summaries_from_file, text_task
-from modelshrink.scoring import STYLE_SETTINGS, against, score_labels, score_summaries, score_translations
+from modelshrink.evaluation.predictions import file_task, labels_from_file, summaries_from_file, text_task
+from modelshrink.evaluation.scoring import STYLE_SETTINGS, against, score_labels, score_summaries, score_translations
 
 __all__ = ["EvalOptions", "evaluate", "score_labels", "score_summaries", "score_translations"]
 
@@ -90,10 +90,10 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
                                              "eval-student")
         print(metrics["rougeL"], metrics["ci95"]["rougeL"], metrics["against"])
     """
-    from modelshrink import shards
-    from modelshrink.efficiency import weight_bytes
+    from modelshrink.generation import shards
+    from modelshrink.models.efficiency import weight_bytes
     from modelshrink.precision import check_precision
-    from modelshrink.runs import finished, open_run
+    from modelshrink.training.runs import finished, open_run
 
     output = Path(output)
     options = _predictions_of_eval_artifact(options)
@@ -155,7 +155,7 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
 def _task_and_parents(options: EvalOptions, source: Any) -> tuple[str, list[dict[str, Any]]]:
     """The task (the model's, or what the predictions file's columns hold) with options of the other task and
     missing inputs refused in one line; the artifact's parents."""
-    from modelshrink.models import load_config, task_of
+    from modelshrink.models.loading import load_config, task_of
 
     if options.model is not None:
         task = task_of(load_config(options.model, "model", options.trust_remote_code))
@@ -191,7 +191,7 @@ def _generate_and_score(options: EvalOptions, task: str, source: Any, staging: P
                         progress: ProgressFn | None, log: LogFn) -> tuple[list, dict, dict, dict] | None:
     """(rows, metrics, efficiency, resolved entries) of a model's outputs or a file's predictions on `source`;
     None on a process other than the main one (it wrote its share for the main one to score)."""
-    from modelshrink.models import load_tokenizer
+    from modelshrink.models.loading import load_tokenizer
 
     efficiency: dict[str, Any] = {}
     resolved: dict[str, Any] = {"task": task}

@@ -47,7 +47,7 @@ LogFn = Callable[[str], None]
 
 def inspect(spec: str, trust_remote_code: bool = False) -> tuple[str, Any]:
     """('seq2seq' | 'classifier', config); one-line errors for anything without an export path."""
-    from modelshrink.models import load_config
+    from modelshrink.models.loading import load_config
 
     path = Path(spec)
     if path.is_dir() and not (path / "config.json").is_file():
@@ -83,7 +83,7 @@ def _sample_texts(options: ExportOptions, tokenizer: Any, count: int) -> list[st
 
 def _load_model(options: ExportOptions) -> tuple[str, Any, Any, Any]:
     """(kind, config, model with eager attention, tokenizer); one-line errors before anything is written."""
-    from modelshrink.models import load_classifier, load_seq2seq, load_tokenizer
+    from modelshrink.models.loading import load_classifier, load_seq2seq, load_tokenizer
 
     kind, config = inspect(options.model, options.trust_remote_code)
     local = Path(options.model)
@@ -220,7 +220,7 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
         folder, report = modelshrink.export(ExportOptions(model="student", int8=True), "student-onnx")
         print(report["validation"]["max_abs_diff"], modelshrink.load(folder).summarize(["a long document ..."]))
     """
-    from modelshrink.models import source_length
+    from modelshrink.models.loading import source_length
 
     writer = ArtifactWriter(output, overwrite=overwrite)
     writer.check()

@@ -4,7 +4,7 @@ The teacher writes one summary per document by beam search (or sampling, for the
 run streams its input: documents are read in windows, each window sorted by length into batches,
 and every finished batch is appended to a part file at once, so `resume` continues an interrupted
 run from its last complete batch. Under `accelerate launch` or `torchrun` each process runs its
-share of the batches into its own part (`shards.py`); the final `data.jsonl` is assembled in input
+share of the batches into its own part (`generation/shards.py`); the final `data.jsonl` is assembled in input
 order by the main process, and does not depend on the number of processes.
 """
 
@@ -16,14 +16,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from modelshrink import shards
+from modelshrink.generation import shards
 from modelshrink.artifacts import RUN_FILE, ArtifactWriter, parent_ref
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
 from modelshrink.options.pseudolabel import PseudolabelOptions
 from modelshrink.precision import check_precision
-from modelshrink.runs import finished, open_run
-from modelshrink.summarizer import Summarizer
+from modelshrink.training.runs import finished, open_run
+from modelshrink.generation.summarizer import Summarizer
 
 
 ProgressFn = Callable[[int, int], None]  # (documents done, documents in total)

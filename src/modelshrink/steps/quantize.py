@@ -25,8 +25,8 @@ from modelshrink.options.distill import DistillOptions
 from modelshrink.options.quantize import QuantizeOptions
 from modelshrink.quant.model import save_quantized
 from modelshrink.quant.modules import check_quantizable, quantize_model
-from modelshrink.runs import TrainingRun, finished, parent_refs, reproduce_section, save_best_with, training_metrics
-from modelshrink.train import enable_gradient_checkpointing, place_teacher, train
+from modelshrink.training.runs import TrainingRun, finished, parent_refs, reproduce_section, save_best_with, training_metrics
+from modelshrink.training.loop import enable_gradient_checkpointing, place_teacher, train
 
 __all__ = ["QuantizeOptions", "quantize", "storage_metrics"]
 
@@ -53,7 +53,7 @@ def storage_metrics(folder: Path, model: Any, teacher_params: int) -> dict[str, 
     """Parameters, bytes on disk, and the compression ratio as DQ-BART Table 1 computes it: the
     float32 size of the full-precision model we started from over the stored size; the same at the
     nominal bit widths (`nominal_bytes`), which is what the paper's sizes count."""
-    from modelshrink.efficiency import parameter_count, weight_bytes
+    from modelshrink.models.efficiency import parameter_count, weight_bytes
 
     stored = weight_bytes(folder)
     nominal = nominal_bytes(folder, stored)
@@ -99,7 +99,7 @@ def _card_head(output: str | Path, options: QuantizeOptions, metrics: dict[str, 
 
 def _check_model(options: QuantizeOptions) -> str:
     """'seq2seq' or 'classifier'; refuses a model that is quantized already and would teach itself."""
-    from modelshrink.models import load_config
+    from modelshrink.models.loading import load_config
     from modelshrink.quant.model import is_quantized
 
     config = load_config(options.model, "model", options.trust_remote_code)
@@ -140,8 +140,8 @@ def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, *, 
                     log: Callable[[str], None]) -> Path:
     """The model as it is, quantized (no training). `resume` keeps a complete output as it is (nothing
     to continue: an interrupted direct run left nothing behind)."""
-    from modelshrink.efficiency import parameter_count
-    from modelshrink.models import load_classifier, load_seq2seq, resolve_device
+    from modelshrink.models.efficiency import parameter_count
+    from modelshrink.models.loading import load_classifier, load_seq2seq, resolve_device
 
     if finished(output, overwrite=overwrite, resume=resume, log=log, recorded=options.recorded()):
         return Path(output)
@@ -179,9 +179,9 @@ def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, *, 
 
 def _direct_plan(options: QuantizeOptions, kind: str, model: Any, device: str, log: Callable[[str], None]):
     """--method direct --budget-mb: a second, full-precision copy of the model gives the calibration's targets."""
-    from modelshrink import classify
-    from modelshrink.models import load_classifier, load_seq2seq, source_length
-    from modelshrink.seq2seq_training import read_pairs
+    from modelshrink.training import classify
+    from modelshrink.models.loading import load_classifier, load_seq2seq, source_length
+    from modelshrink.training.seq2seq import read_pairs
     from modelshrink.steps import bit_budget
 
     if kind == "seq2seq":
@@ -227,10 +227,10 @@ def distillation_settings(options: QuantizeOptions) -> DistillOptions:
 def quantize_seq2seq(options: QuantizeOptions, output: str | Path, *, overwrite: bool, resume: bool,
                      progress: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None]) -> Path:
     """Distillation-aware quantization of a seq2seq model (optionally shrunk at the same time)."""
-    from modelshrink.models import resolve_device, source_length
-    from modelshrink.seq2seq_training import read_pairs_for, train_seq2seq
+    from modelshrink.models.loading import resolve_device, source_length
+    from modelshrink.training.seq2seq import read_pairs_for, train_seq2seq
     from modelshrink.steps.distill import model_card
-    from modelshrink.students import build_student, check_widths, student_metrics
+    from modelshrink.training.students import build_student, check_widths, student_metrics
 
     settings = distillation_settings(options)
     run = TrainingRun("quantize", options, output, overwrite=overwrite, resume=resume, log=log)
@@ -306,8 +306,8 @@ def _classifier_metric(options: QuantizeOptions, task: str) -> str:
 
 def _classifier_rows(options: QuantizeOptions, config: Any) -> tuple[list[Any], list[Any] | None]:
     """The labelled training rows of --data and the validation rows (None without --validation)."""
-    from modelshrink import classify
-    from modelshrink.models import task_of
+    from modelshrink.training import classify
+    from modelshrink.models.loading import task_of
 
     read = dict(text_column=options.text_column, text_pair_column=options.text_pair_column,
                 label_column=options.label_column, num_labels=config.num_labels, label2id=config.label2id,
@@ -321,7 +321,7 @@ def _classifier_rows(options: QuantizeOptions, config: Any) -> tuple[list[Any], 
 def _classifier_pair(options: QuantizeOptions) -> tuple[Any, Any, Any]:
     """(teacher, student, tokenizer) on the CPU: the full-precision teacher and the model to quantize, refused in one
     line where their tokenizers or labels differ."""
-    from modelshrink.models import load_classifier, tokenizer_mismatch
+    from modelshrink.models.loading import load_classifier, tokenizer_mismatch
 
     teacher, teacher_tok = load_classifier(options.teacher or options.model, "teacher", options.trust_remote_code,
                                            "cpu", allow_pickle=options.allow_pickle)
@@ -338,7 +338,7 @@ def _classifier_pair(options: QuantizeOptions) -> tuple[Any, Any, Any]:
 def _classifier_plan(options: QuantizeOptions, teacher: Any, student: Any, tokenizer: Any, rows: list[Any],
                      max_length: int, run: TrainingRun):
     """--budget-mb on a classifier: the full-precision classifier's logits are the calibration's targets."""
-    from modelshrink import classify
+    from modelshrink.training import classify
     from modelshrink.steps import bit_budget
 
     device = run.accelerator.device
@@ -359,11 +359,11 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
     its quantized copy (task loss + MSE on logits, hidden states and attention), through the shared loop."""
     from torch.nn.utils import parametrize
 
-    from modelshrink import classify
-    from modelshrink.efficiency import parameter_count
+    from modelshrink.training import classify
+    from modelshrink.models.efficiency import parameter_count
     from modelshrink.families import encoder_layer_count
-    from modelshrink.models import resolve_device, source_length, task_of
-    from modelshrink.shrink import spaced_layer_ids
+    from modelshrink.models.loading import resolve_device, source_length, task_of
+    from modelshrink.models.shrink import spaced_layer_ids
 
     defaults = {f.name: f.default for f in fields(QuantizeOptions)}
     given = [k for k in SEQ2SEQ_ONLY if getattr(options, k) != defaults[k]]

@@ -23,13 +23,13 @@ LogFn = Callable[[str], None]
 
 
 def _latency(run_one: Callable[[Any], Any], items: list[Any]) -> dict[str, Any]:
-    from modelshrink.efficiency import latency
+    from modelshrink.models.efficiency import latency
 
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in latency(run_one, items).items()}
 
 
 def _export_efficiency(options: EvalOptions, runtime: Any, timing: dict[str, Any], launch: Any) -> dict[str, Any]:
-    from modelshrink.efficiency import weight_bytes
+    from modelshrink.models.efficiency import weight_bytes
 
     return {"parameters": runtime.parameter_count(), "bytes_on_disk": weight_bytes(options.model),
             **_throughput(timing, options, launch), "device": "cpu (onnxruntime)"}
@@ -37,7 +37,7 @@ def _export_efficiency(options: EvalOptions, runtime: Any, timing: dict[str, Any
 
 def _in_order(items: list[Any], batch_size: int) -> Iterator[Any]:
     """Batches of `batch_size` items in input order (items carry `.index`)."""
-    from modelshrink.generation import Batch
+    from modelshrink.generation.settings import Batch
 
     for number, start in enumerate(range(0, len(items), batch_size)):
         yield Batch(number, items[start:start + batch_size])
@@ -68,7 +68,7 @@ def _sharded(batches: Any, staging: Path, launch: Any, run: Callable[[Any], list
     """Run `run(batch)` (one row dict per document of the batch, in its order) over this process's
     share of `batches`; the main process gets every row back in input order, with the run's
     documents and seconds (the others get None)."""
-    from modelshrink import shards
+    from modelshrink.generation import shards
 
     def rows_of(batch: Any, done: set[int]) -> list[dict[str, Any]]:
         rows = [{"_index": item.index, **row} for item, row in zip(batch.rows, run(batch))]
@@ -102,8 +102,8 @@ def _latency_note(launch: Any) -> dict[str, Any]:
 def _summarize_with_model(options: EvalOptions, docs: list[Any], staging: Path, launch: Any,
                           progress: ProgressFn | None, log: LogFn
                           ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any], Any]:
-    from modelshrink.efficiency import parameter_count, peak_memory, reset_peak_memory, weight_bytes
-    from modelshrink.summarizer import Summarizer
+    from modelshrink.models.efficiency import parameter_count, peak_memory, reset_peak_memory, weight_bytes
+    from modelshrink.generation.summarizer import Summarizer
 
     if options.attention_plot is not None and options.attention_plot not in {d.id for d in docs}:
         raise UserError(f"--attention-plot: no document with id '{options.attention_plot}' in {options.data}")
@@ -169,7 +169,7 @@ def _export_languages(options: EvalOptions, runtime: Any, tokenizer: Any) -> int
 def _summarize_with_export(options: EvalOptions, docs: list[Any], staging: Path, launch: Any,
                            progress: ProgressFn | None, log: LogFn
                            ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any], Any]:
-    from modelshrink.models import load_tokenizer
+    from modelshrink.models.loading import load_tokenizer
     from modelshrink.runtime import load
 
     if options.attention_stats or options.attention_plot:
@@ -230,7 +230,7 @@ class _Item:
 
 def _read_items(options: EvalOptions, task: str, num_labels: int | None,
                 label2id: dict[str, int] | None) -> list[_Item]:
-    from modelshrink.classify import read_labeled
+    from modelshrink.training.classify import read_labeled
 
     items = read_labeled(options.data, split=options.split, text_column=options.text_column,
                          text_pair_column=options.text_pair_column, label_column=options.label_column,
@@ -258,9 +258,9 @@ def _label_extra(options: EvalOptions, launch: Any) -> dict[str, Any]:
 
 def _classify_with_model(options: EvalOptions, task: str, staging: Path, launch: Any, progress: ProgressFn | None
                          ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any]]:
-    from modelshrink.classify import predict
-    from modelshrink.efficiency import parameter_count, peak_memory, reset_peak_memory, weight_bytes
-    from modelshrink.models import default_source_length, load_classifier
+    from modelshrink.training.classify import predict
+    from modelshrink.models.efficiency import parameter_count, peak_memory, reset_peak_memory, weight_bytes
+    from modelshrink.models.loading import default_source_length, load_classifier
     from modelshrink.precision import torch_dtype
 
     device = launch.device

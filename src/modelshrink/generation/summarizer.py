@@ -6,7 +6,7 @@ over the model's generation config), the source length and the λ of every atten
 size or token budget. Inside `temperature()` its `summarize(batch, make_row)` generates a batch (per-document λ
 and sampling seeds included), decodes it, lets the step shape each row, and records the cross attention the
 summaries were written with. `--generator` picks who searches: transformers' generate, or the static search
-(`modelshrink.staticgen`: fixed shapes and CUDA graphs), which `auto` takes on a GPU wherever it applies. The steps keep what differs: the rows they write, what they count and where the
+(`modelshrink.generation.static`: fixed shapes and CUDA graphs), which `auto` takes on a GPU wherever it applies. The steps keep what differs: the rows they write, what they count and where the
 rows go.
 """
 
@@ -16,13 +16,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from modelshrink import shards
+from modelshrink.generation import shards
 from modelshrink.errors import UserError
-from modelshrink.attention_stats import AttentionRecorder
-from modelshrink.generation import decode, generate_ids, plan_batches, resolve_generation, sample_seed
+from modelshrink.generation.attention_stats import AttentionRecorder
+from modelshrink.generation.settings import decode, generate_ids, plan_batches, resolve_generation, sample_seed
 from modelshrink.languages import source_language, target_language
-from modelshrink.models import load_seq2seq, source_length
-from modelshrink.plate import attention_temperature, batch_lambdas, lambdas_of
+from modelshrink.models.loading import load_seq2seq, source_length
+from modelshrink.generation.plate import attention_temperature, batch_lambdas, lambdas_of
 from modelshrink.precision import torch_dtype
 
 RowFn = Callable[[Any, str, float], dict[str, Any]]  # (example, summary text, its λ) -> the step's row
@@ -118,7 +118,7 @@ def static_search(model: Any, settings: Any, lambdas: dict[str, float | None], g
     """The static search for this model and settings, or None for transformers' generate: `static` asks for it
     (refused in one line where it cannot run), `auto` takes it on a GPU where it applies (saying why not
     where it does not), `transformers` never."""
-    from modelshrink.staticgen import StaticSearch, why_not
+    from modelshrink.generation.static import StaticSearch, why_not
 
     if generator == "transformers" or (generator == "auto" and model.device.type != "cuda"):
         return None

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from modelshrink.staticgen.beam import BeamState, GreedyState, Rules
-from modelshrink.staticgen.decoders import decoder_for, unsupported
+from modelshrink.generation.static.beam import BeamState, GreedyState, Rules
+from modelshrink.generation.static.decoders import decoder_for, unsupported
 
 CHECK_EVERY = 8  # steps between two reads of the stop flag on a GPU
 SOURCE_STEP = 32  # source lengths are rounded up to a multiple of this

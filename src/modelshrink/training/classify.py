@@ -107,7 +107,7 @@ def make_loss(teacher: Any, kd_logits_weight: float, kd_hidden: float, kd_attent
               layer_map: list[int], label_smoothing: float = 0.0):
     """Task loss (cross-entropy, or MSE for regression) plus MSE on logits, hidden states and
     attention against the teacher (DQ-BART's losses, on an encoder)."""
-    from modelshrink import losses
+    from modelshrink.training import losses
 
     def loss_fn(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}

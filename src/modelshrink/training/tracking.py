@@ -1,7 +1,7 @@
 """Experiment trackers fed by the training loop: TensorBoard, Weights & Biases and MLflow, through accelerate's
 tracker classes.
 
-`--report-to tensorboard,mlflow` (any of `TRACKERS`, or `none`) on every step that trains sends each line the
+`--report-to tensorboard,mlflow` (any of `options.train.TRACKERS`, or `none`) on every step that trains sends each line the
 loop writes to `train_log.jsonl` to the trackers as well: a training line's numbers as `train/<name>` (the loss
 and each of its terms, `lr`, `tokens_per_s`, `tokens`, `seconds`, `epoch`), a validation line's as
 `validation/<name>` (every metric and `best_step`), at the line's optimizer step. The run's options (the
@@ -27,36 +27,10 @@ from urllib.parse import urlparse
 
 from modelshrink.errors import UserError
 
-# name -> (module to import, what to install)
-TRACKERS = {"tensorboard": ("tensorboard", "pip install tensorboard"),
-            "wandb": ("wandb", "pip install wandb"),
-            "mlflow": ("mlflow", "pip install mlflow-skinny (or mlflow)")}
-NONE = "none"
+from modelshrink.options.train import check_installed
+
 # keys of a train_log.jsonl line that are no scalar of their own
 NOT_SCALARS = ("step", "event")
-
-
-def parse_report_to(value: str) -> tuple[str, ...]:
-    """`--report-to`'s trackers ("tensorboard,mlflow" -> ("tensorboard", "mlflow"); "none" -> ()); a UserError
-    names an unknown one or `none` among others."""
-    names = [n.strip().lower() for n in str(value).split(",") if n.strip()]
-    unknown = [n for n in names if n != NONE and n not in TRACKERS]
-    if unknown:
-        raise UserError(f"--report-to {value}: unknown tracker {', '.join(unknown)}; choose from "
-                        f"{', '.join(TRACKERS)} (comma-separated) or {NONE}")
-    if NONE in names and len(names) > 1:
-        raise UserError(f"--report-to {value}: {NONE} cannot go with a tracker")
-    return tuple(dict.fromkeys(n for n in names if n != NONE))
-
-
-def check_installed(names: tuple[str, ...]) -> None:
-    """One line naming the package to install for each tracker asked for that is not installed (no import)."""
-    from importlib.util import find_spec
-
-    for name in names:
-        module, install = TRACKERS[name]
-        if find_spec(module) is None:
-            raise UserError(f"--report-to {name}: {module} is not installed; {install}")
 
 
 def _check_writable(folder: Path, what: str) -> None:

@@ -92,7 +92,7 @@ def start_run(output: Path, device: str, *, overwrite: bool, resume: bool, preci
     from modelshrink.artifacts import ArtifactWriter
     from modelshrink.precision import check_precision
 
-    from modelshrink.tracking import preflight
+    from modelshrink.training.tracking import preflight
 
     check_precision(precision, device)
     preflight(trackers, Path(tracking_dir) if tracking_dir else None)
@@ -132,7 +132,7 @@ def keep_best(workdir: Path, result: Any, save_final: Callable[[Path], None]) ->
     them (`best/step-N`, N the best step), else the final ones (`save_final(folder)`); then drop the
     training leftovers (best weights, checkpoints)."""
     from modelshrink.artifacts import RUN_FILE
-    from modelshrink.checkpoints import best_folder
+    from modelshrink.training.checkpoints import best_folder
 
     best = best_folder(workdir, result.best["step"]) if result is not None and result.best is not None else None
     if best is not None and best.is_dir():
@@ -230,7 +230,7 @@ class TrainingRun:
         """validation.json, the card closed by its Reproduce and Lineage sections, the manifest with how the run
         trained (`run_facts`); the artifact committed, its path returned."""
         from modelshrink.cards import commit_model
-        from modelshrink.train import run_facts
+        from modelshrink.training.loop import run_facts
 
         write_validation(self.staging, result, metric)
         closing = reproduce_section(self.options, self.output, self.parents, always=always)

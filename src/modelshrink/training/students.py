@@ -9,8 +9,8 @@ from typing import Any, Callable
 from modelshrink.errors import UserError
 from modelshrink.families import attention_heads, hidden_size
 from modelshrink.options.distill import DistillOptions
-from modelshrink.runs import training_metrics
-from modelshrink.train import TrainResult
+from modelshrink.training.runs import training_metrics
+from modelshrink.training.loop import TrainResult
 
 
 def check_widths(teacher: Any, student: Any, options: DistillOptions) -> None:
@@ -25,9 +25,9 @@ def check_widths(teacher: Any, student: Any, options: DistillOptions) -> None:
 
 def build_student(options: DistillOptions, device: str, log: Callable[[str], None]) -> dict[str, Any]:
     """Teacher (or None), student, tokenizer, layer maps and where the student came from."""
-    from modelshrink.models import load_seq2seq, tokenizer_mismatch
-    from modelshrink.shrink import check_layer_ids, first_layer_ids, layer_counts, shrink, spaced_layer_ids
-    from modelshrink.warmstart import init_encoder_decoder
+    from modelshrink.models.loading import load_seq2seq, tokenizer_mismatch
+    from modelshrink.models.shrink import check_layer_ids, first_layer_ids, layer_counts, shrink, spaced_layer_ids
+    from modelshrink.models.warmstart import init_encoder_decoder
 
     teacher = None
     if options.teacher is not None:
@@ -71,7 +71,7 @@ def build_student(options: DistillOptions, device: str, log: Callable[[str], Non
 
 
 def student_metrics(student: Any, teacher: Any | None, result: TrainResult | None) -> dict[str, Any]:
-    from modelshrink.efficiency import parameter_count
+    from modelshrink.models.efficiency import parameter_count
 
     metrics: dict[str, Any] = {"parameters": parameter_count(student)}
     if teacher is not None:

@@ -4,7 +4,7 @@ A task hands the loop a model, its examples, a collate function and a loss; the 
 AdamW with linear warmup and decay, gradient accumulation and clipping, batches by size or by a
 token budget, periodic validation with best-checkpoint selection and early stopping, a JSON Lines
 log, checkpoints (the newest `--save-total-limit` kept) and an exact resume, even after a kill -9
-(`modelshrink.checkpoints`), and a stop on a NaN/inf loss. It runs
+(`modelshrink.training.checkpoints`), and a stop on a NaN/inf loss. It runs
 unchanged under `accelerate launch` (several processes or machines): each process takes every
 world_size-th batch, DDP averages the gradients, and only the main process validates, writes and
 reports progress.
@@ -27,9 +27,9 @@ from typing import Any, Callable
 
 import torch
 
-from modelshrink.checkpoints import (TrainState, latest_checkpoint, load_checkpoint, prune_best,
+from modelshrink.training.checkpoints import (TrainState, latest_checkpoint, load_checkpoint, prune_best,
                                      prune_checkpoints, save_checkpoint, write_best)
-from modelshrink.batches import make_batches, process_batches
+from modelshrink.training.batches import make_batches, process_batches
 from modelshrink.errors import UserError
 from modelshrink.options.train import TrainOptions
 
@@ -361,7 +361,7 @@ def _start_trackers(options: TrainOptions, workdir: Path, hparams: dict[str, Any
     artifact (its staging folder `.NAME.partial` is `workdir`)."""
     if not (main and options.trackers):
         return None
-    from modelshrink.tracking import Trackers
+    from modelshrink.training.tracking import Trackers
 
     name = workdir.name
     name = name[1:-len(".partial")] if name.startswith(".") and name.endswith(".partial") else name

@@ -68,7 +68,7 @@ def launch(device: str) -> Launch:
     """Where this process stands: under a launcher (WORLD_SIZE > 1) accelerate's PartialState joins
     the process group and picks this process's GPU (or the CPU with `--device cpu`, or `auto` on a
     machine without CUDA); alone, the device is `device` resolved."""
-    from modelshrink.models import resolve_device
+    from modelshrink.models.loading import resolve_device
 
     resolved = resolve_device(device)  # auto: the CPU on a machine without CUDA, launcher or not
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:

@@ -10,8 +10,8 @@ from typing import Any, Callable
 from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
 from modelshrink.errors import UserError
 from modelshrink.metrics.names import CLASSIFICATION_METRICS, REGRESSION_METRICS, ROUGE_METRICS, TRANSLATION_METRICS
-from modelshrink.predictions import eval_rows
-from modelshrink.scoring import paired_corpus_tests, paired_keys, paired_tests
+from modelshrink.evaluation.predictions import eval_rows
+from modelshrink.evaluation.scoring import paired_corpus_tests, paired_keys, paired_tests
 
 QUALITY = {"summarization": list(ROUGE_METRICS), "translation": list(TRANSLATION_METRICS),
            "classification": list(CLASSIFICATION_METRICS), "regression": list(REGRESSION_METRICS)}

@@ -2,6 +2,6 @@
 captured in CUDA graphs on a GPU (see runner.py). transformers' generate stays the reference: the same
 token ids, faster where kernel launches and Python bound the loop."""
 
-from modelshrink.staticgen.runner import StaticSearch, why_not
+from modelshrink.generation.static.runner import StaticSearch, why_not
 
 __all__ = ["StaticSearch", "why_not"]

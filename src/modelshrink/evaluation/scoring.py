@@ -19,7 +19,7 @@ from modelshrink.errors import UserError
 from modelshrink.metrics import glue, rouge, stats, style, translation
 from modelshrink.metrics.names import ROUGE_METRICS, TRANSLATION_METRICS
 from modelshrink.options.eval import EvalOptions
-from modelshrink.predictions import eval_rows, paired_predictions
+from modelshrink.evaluation.predictions import eval_rows, paired_predictions
 
 LogFn = Callable[[str], None]
 

@@ -14,8 +14,8 @@ from torch.nn.utils import parametrize
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
 from modelshrink.options.distill import DistillOptions
-from modelshrink.runs import save_best_with
-from modelshrink.train import TrainResult, place_teacher, train
+from modelshrink.training.runs import save_best_with
+from modelshrink.training.loop import TrainResult, place_teacher, train
 
 
 def read_pairs(spec: str, split: str | None, options: DistillOptions, limit: int | None) -> list[Any]:
@@ -75,7 +75,8 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
     hidden state chunk by chunk (every supported family; `lm_head` says how each makes its logits). A head
     that is not a plain linear (a quantized student's) keeps the logits, and so does --kd-logits, which
     compares them; a teacher whose logits no loss reads skips its head."""
-    from modelshrink import lm_head, losses
+    from modelshrink.models import lm_head
+    from modelshrink.training import losses
     from modelshrink.precision import torch_dtype
 
     need_hidden, need_attention = options.kd_hidden > 0, options.kd_attention > 0
@@ -139,7 +140,7 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
 def make_validate(rows: list[Any], tokenizer: Any, options: DistillOptions, max_source_length: int, device: Any):
     """ROUGE (F1 ×100) and sacreBLEU's corpus BLEU and chrF (eval's code) of generated text on the validation
     rows: summaries and translations are validated alike, and --metric picks what keeps a checkpoint."""
-    from modelshrink.generation import generate, plan_batches, resolve_generation
+    from modelshrink.generation.settings import generate, plan_batches, resolve_generation
     from modelshrink.metrics import translation
     from modelshrink.metrics.rouge import rouge_per_document
 

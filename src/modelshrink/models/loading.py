@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from modelshrink.errors import UserError
 from modelshrink.families import ENCODER_DECODER_TYPE, Family, family_of
-from modelshrink.model_files import check_files, pickle_weights
+from modelshrink.models.files import check_files, pickle_weights
 
 
 def _first_line(e: Exception) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from modelshrink.errors import UserError
 from modelshrink.families import ENCODER_DECODER_HALVES
-from modelshrink.models import load_config, load_tokenizer, weights_kwargs
+from modelshrink.models.loading import load_config, load_tokenizer, weights_kwargs
 
 # Generation defaults written into a warm-started model; fine-tuning may later replace them.
 WARMSTART_GENERATION = dict(num_beams=4, max_length=64, min_length=1, no_repeat_ngram_size=3,

@@ -1,0 +1,1 @@
+"""Predicting, scoring, comparing."""

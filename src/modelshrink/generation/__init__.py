@@ -1,0 +1,1 @@
+"""Writing summaries and translations: settings, PLATE, many processes, fixed-shape search."""

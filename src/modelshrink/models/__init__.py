@@ -1,0 +1,1 @@
+"""Loading and checking models, shrinking them into students, measuring them."""

@@ -1,0 +1,1 @@
+"""The training loop, the run around it, losses, students, classifiers, checkpoints, trackers."""
