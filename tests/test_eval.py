@@ -222,6 +222,9 @@ def test_bad_input(saved_models, classifier_path, docs_jsonl, sentiment_jsonl, t
     _assert_bad([classifier_path, three], "has label 3", "2 classes", out=out)
     _assert_bad([saved_models["bart"]], "is a model; give the data", out=out)
     _assert_bad([short, "--references", docs_jsonl, "--attention-stats"], "needs a model", out=out)
+    for generator in ("static", "transformers"):  # a predictions file runs no search
+        _assert_bad([short, "--references", docs_jsonl, "--generator", generator], f"--generator {generator}",
+                    "needs a model", out=out)
     other = _preds(tmp_path, "other.jsonl", SUMMARIES[:3])
     _assert_bad([short, "--references", docs_jsonl, "--against", other], out=out)
 

@@ -249,3 +249,14 @@ def test_two_processes_train_the_same_with_and_without_the_fused_loss(saved_mode
         assert result.returncode == 0, result.stderr[-3000:]
         runs.append((train_log_lines(out), load_file(out / "model.safetensors")))
     _assert_same_training(*runs)
+
+
+def test_the_fused_loss_asked_for_beside_kd_logits_is_one_line():
+    """Its default (None) means "wherever exact", so an explicit --fused-cross-entropy can be told from it and
+    refused where it cannot hold: --kd-logits compares the logits the fused loss never makes."""
+    from modelshrink.errors import UserError
+
+    with pytest.raises(UserError, match="--fused-cross-entropy never holds the logits that --kd-logits kl compares"):
+        DistillOptions(data="pairs", teacher="t", max_steps=1, kd_logits="kl", fused_cross_entropy=True)
+    assert DistillOptions(data="pairs", teacher="t", max_steps=1, kd_logits="kl").fused_cross_entropy is None
+    DistillOptions(data="pairs", teacher="t", max_steps=1, kd_logits="kl", fused_cross_entropy=False)  # off is always exact

@@ -49,9 +49,10 @@ class DistillOptions(TrainOptions):
                               panel=LOSS, min=0)
     label_smoothing: float = opt(0.1, "Label smoothing of the cross-entropy (PLATE: 0.1).", panel=LOSS, min=0,
                                  below=1)
-    fused_cross_entropy: bool = opt(True, "Take the cross-entropy from the decoder's last hidden state in chunks of "
-                                          "tokens, never holding the [tokens, vocabulary] logits (the same loss; "
-                                          "not with --kd-logits, which compares the logits).", panel=SPEED)
+    fused_cross_entropy: bool | None = opt(None, "Take the cross-entropy from the decoder's last hidden state in "
+                                                 "chunks of tokens, never holding the [tokens, vocabulary] logits "
+                                                 "(the same loss). Not with --kd-logits, which compares the logits. "
+                                                 "[default: on wherever it is exact]", panel=SPEED)
     batch_size: int = opt(16, "Pairs per batch and process.", panel=OPT, min=1)
     validation: str | None = opt(None, "Validation pairs, scored by ROUGE, BLEU and chrF.", panel=VAL, metavar="DATA")
     eval_limit: int | None = opt(200, "Validation documents used.", panel=VAL, min=1)
@@ -80,6 +81,9 @@ class DistillOptions(TrainOptions):
                             "--student S, or --init-encoder-decoder ENCODER")
         if self.student is not None and self.init_encoder_decoder is not None:
             raise UserError("--student and --init-encoder-decoder exclude each other")
+        if self.fused_cross_entropy and self.kd_logits is not None:
+            raise UserError(f"--fused-cross-entropy never holds the logits that --kd-logits {self.kd_logits} compares; "
+                            "leave it out (the fused loss is on wherever it is exact)")
         shrinking = [self.encoder_layers, self.decoder_layers, self.encoder_layer_ids, self.decoder_layer_ids]
         if any(v is not None for v in shrinking):
             if self.teacher is None:

@@ -76,6 +76,9 @@ class EvalOptions(TemperatureOptions):
             for name in ("attention_stats", "attention_plot", "reference_size"):
                 if getattr(self, name):
                     raise UserError(f"--{name.replace('_', '-')} needs a model (MODEL DATA), not a predictions file")
+            if self.generator != "auto":
+                raise UserError(f"--generator {self.generator} chooses who runs a model's search; it needs a model "
+                                "(MODEL DATA), not a predictions file")
             if given := self.temperature_options():
                 raise UserError(f"{given[0]} sets the attention temperature a model generates at; it needs a model "
                                 "(MODEL DATA), not a predictions file")

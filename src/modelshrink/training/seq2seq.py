@@ -80,7 +80,7 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
     from modelshrink.precision import torch_dtype
 
     need_hidden, need_attention = options.kd_hidden > 0, options.kd_attention > 0
-    fused = options.fused_cross_entropy and options.kd_logits is None
+    fused = options.fused_cross_entropy is not False and options.kd_logits is None  # None: wherever exact
     # The head's matmul in the autocast dtype, as the model's own head runs (autocast ends with the forward).
     compute_dtype = torch_dtype(options.precision)
 
