@@ -309,3 +309,70 @@ def test_eval_of_a_classifier_truncates_to_its_positions(tmp_path):
     result = invoke("eval", model, data, "-o", tmp_path / "e")
     assert result.exit_code == 0, result.stderr
     assert json.loads((tmp_path / "e" / "modelshrink.json").read_text())["resolved"]["max_length"] == 32
+
+
+# ---------------------------------------------------------------- a model resolved once (issue 56)
+
+@pytest.fixture
+def lookups(monkeypatch):
+    """Counts, per model folder, the config reads, the files checks (JSON; weights) and the tokenizer reads."""
+    from collections import Counter
+
+    import transformers
+
+    import modelshrink.models.loading as loading
+
+    counts: Counter = Counter()
+    check_files, config_read = loading.check_files, transformers.AutoConfig.from_pretrained
+    tokenizer_read = transformers.AutoTokenizer.from_pretrained
+
+    def counted_check(folder, what, weights=False, **kwargs):
+        counts[("weights" if weights else "json", Path(folder).name)] += 1
+        return check_files(folder, what, weights=weights, **kwargs)
+
+    def counted(kind, read):
+        def call(spec, *args, **kwargs):
+            counts[(kind, Path(str(spec)).name)] += 1
+            return read(spec, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(loading, "check_files", counted_check)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", counted("config", config_read))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", counted("tokenizer", tokenizer_read))
+    return counts
+
+
+def test_a_model_source_reads_config_files_and_tokenizer_once(saved_models, lookups):
+    from modelshrink.models.loading import resolve
+
+    source = resolve(str(saved_models["bart"]), "teacher")
+    assert source.quantized is False and source.family.name and source.task == "summarization"
+    assert str(source) == str(saved_models["bart"]) and source.local and source.folder == saved_models["bart"]
+    load_seq2seq(source)
+    load_seq2seq(source)  # a second copy (quantize's teacher and student from one model) reads nothing again
+    assert dict(lookups) == {("json", "bart"): 1, ("config", "bart"): 1, ("weights", "bart"): 1,
+                             ("tokenizer", "bart"): 1}
+
+
+@pytest.mark.parametrize("args", [["quantize", "{model}", "--method", "direct"],
+                                  ["quantize", "{model}", "--data", "{data}", "--max-steps", "0"],
+                                  ["quantize", "{model}", "--data", "{data}", "--max-steps", "0", "--teacher",
+                                   "{model}"],
+                                  ["export", "{model}"],
+                                  ["eval", "{model}", "{data}", "--limit", "2", "--max-length", "4",
+                                   "--num-beams", "1"],
+                                  ["pseudolabel", "{model}", "{data}", "--limit", "2", "--max-length", "4",
+                                   "--num-beams", "1"],
+                                  ["distill", "{data}", "--teacher", "{model}", "--max-steps", "0"]],
+                         ids=["quantize-direct", "quantize", "quantize-teacher", "export", "eval", "pseudolabel",
+                              "distill"])
+def test_each_step_resolves_its_model_once(args, saved_models, docs_jsonl, tmp_path, lookups):
+    model = str(saved_models["bart"])
+    argv = [a.format(model=model, data=docs_jsonl) for a in args]
+    result = CliRunner().invoke(app, [*argv, "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    mine = {key: n for key, n in lookups.items() if key[1] == "bart"}
+    # quantize's --teacher names the same folder as a second model: resolved once more, as any second model is
+    twice = 2 if args[0] == "quantize" and "--teacher" in args else 1
+    assert mine == {("json", "bart"): twice, ("config", "bart"): twice, ("weights", "bart"): twice,
+                    ("tokenizer", "bart"): twice}, mine

@@ -46,11 +46,11 @@ def _in_order(items: list[Any], batch_size: int) -> Iterator[Any]:
 # ---------------------------------------------------------------- summaries
 
 def generate_summaries(options: EvalOptions, source: DataSource, staging: Path, launch: Any,
-                       progress: ProgressFn | None, log: LogFn
+                       progress: ProgressFn | None, log: LogFn, model: Any = None
                        ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any], Any]:
     """Summarize every document with the model (or export folder); an attention plot lands in
     `staging`. Under a launcher every process takes its share; the rows come back on the main
-    process only (None elsewhere)."""
+    process only (None elsewhere). `model`: `options.model` resolved already (`ModelSource`), if it was."""
     from modelshrink.runtime import is_export
 
     text_column, summary_column = pick_columns(source.columns, options.text_column, options.summary_column,
@@ -60,7 +60,7 @@ def generate_summaries(options: EvalOptions, source: DataSource, staging: Path, 
         raise UserError(f"data {options.data} has no rows")
     if is_export(options.model):
         return _summarize_with_export(options, docs, staging, launch, progress, log)
-    return _summarize_with_model(options, docs, staging, launch, progress, log)
+    return _summarize_with_model(options, docs, staging, launch, progress, log, model)
 
 
 def _sharded(batches: Any, staging: Path, launch: Any, run: Callable[[Any], list[dict[str, Any]]], total: int,
@@ -100,7 +100,7 @@ def _latency_note(launch: Any) -> dict[str, Any]:
 
 
 def _summarize_with_model(options: EvalOptions, docs: list[Any], staging: Path, launch: Any,
-                          progress: ProgressFn | None, log: LogFn
+                          progress: ProgressFn | None, log: LogFn, source: Any = None
                           ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any], Any]:
     from modelshrink.models.efficiency import parameter_count, peak_memory, reset_peak_memory, weight_bytes
     from modelshrink.generation.summarizer import Summarizer
@@ -108,7 +108,7 @@ def _summarize_with_model(options: EvalOptions, docs: list[Any], staging: Path, 
     if options.attention_plot is not None and options.attention_plot not in {d.id for d in docs}:
         raise UserError(f"--attention-plot: no document with id '{options.attention_plot}' in {options.data}")
     device = launch.device
-    system = Summarizer(options, options.model, "model", device, staging,
+    system = Summarizer(options, source or options.model, "model", device, staging,
                         nested_rows=getattr(options, "source_lang", None) is not None, log=log)
     model, tokenizer = system.model, system.tokenizer
 
@@ -211,15 +211,16 @@ def _summarize_with_export(options: EvalOptions, docs: list[Any], staging: Path,
 
 # ---------------------------------------------------------------- labels
 
-def predict_labels(options: EvalOptions, task: str, staging: Path, launch: Any, progress: ProgressFn | None
-                   ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any]]:
+def predict_labels(options: EvalOptions, task: str, staging: Path, launch: Any, progress: ProgressFn | None,
+                   model: Any = None) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any]]:
     """Predict a class id or a regression value for every row with the model (or export folder);
-    under a launcher every process takes its share and the main process gets the rows (None elsewhere)."""
+    under a launcher every process takes its share and the main process gets the rows (None elsewhere).
+    `model`: `options.model` resolved already (`ModelSource`), if it was."""
     from modelshrink.runtime import is_export
 
     if is_export(options.model):
         return _classify_with_export(options, task, staging, launch, progress)
-    return _classify_with_model(options, task, staging, launch, progress)
+    return _classify_with_model(options, task, staging, launch, progress, model)
 
 
 @dataclass
@@ -256,15 +257,15 @@ def _label_extra(options: EvalOptions, launch: Any) -> dict[str, Any]:
             "processes": launch.world}
 
 
-def _classify_with_model(options: EvalOptions, task: str, staging: Path, launch: Any, progress: ProgressFn | None
-                         ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any]]:
+def _classify_with_model(options: EvalOptions, task: str, staging: Path, launch: Any, progress: ProgressFn | None,
+                         source: Any = None) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any]]:
     from modelshrink.training.classify import predict
     from modelshrink.models.efficiency import parameter_count, peak_memory, reset_peak_memory, weight_bytes
     from modelshrink.models.loading import default_source_length, load_classifier
     from modelshrink.precision import torch_dtype
 
     device = launch.device
-    model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, device,
+    model, tokenizer = load_classifier(source or options.model, "model", options.trust_remote_code, device,
                                        allow_pickle=options.allow_pickle)
     model.to(torch_dtype(options.dtype))
     # not the tokenizer's own limit alone: a model with fewer positions would index past its position table

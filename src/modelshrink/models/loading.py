@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,16 +46,18 @@ def _config_field_errors() -> tuple[type[Exception], ...]:
     return (StrictDataclassError,)
 
 
-def from_pretrained(loader: Callable[..., Any], spec: str, what: str, **kwargs: Any) -> Any:
-    """Call `loader(spec)`: a local folder as is, a hub name from the cache first, then the hub. The
-    folder's JSON files (a cached hub name's too) are checked first (`model_files`), so a damaged one
-    is named."""
+def _load_errors() -> tuple[type[Exception], ...]:
+    """What the loaders raise for a missing, damaged or unreadable file (JSONDecodeError and UnicodeDecodeError
+    are ValueErrors; huggingface_hub's strict dataclasses raise their own type for a config.json field of the
+    wrong type); pickle errors come from --allow-pickle's torch.load."""
     from safetensors import SafetensorError
 
-    # what the loaders raise for a missing, damaged or unreadable file (JSONDecodeError and
-    # UnicodeDecodeError are ValueErrors; huggingface_hub's strict dataclasses raise their own type for a
-    # config.json field of the wrong type); pickle errors come from --allow-pickle's torch.load
-    failures = (OSError, ValueError, SafetensorError, EOFError, pickle.UnpicklingError, *_config_field_errors())
+    return (OSError, ValueError, SafetensorError, EOFError, pickle.UnpicklingError, *_config_field_errors())
+
+
+def _local_folder(spec: str, what: str) -> Path | None:
+    """`spec` as a local model folder, checked (not a staging folder, not a file, its JSON files whole); None for
+    a hub name; a UserError for a path that does not exist."""
     from modelshrink.artifacts import in_staging, unfinished_input
 
     path = Path(spec).expanduser()
@@ -64,19 +67,27 @@ def from_pretrained(loader: Callable[..., Any], spec: str, what: str, **kwargs: 
         if not path.is_dir():
             raise UserError(f"{what} {spec} is a file; expected a model folder (save_pretrained) or a hub name")
         check_files(path, what)
-        try:
-            return loader(str(path), **kwargs)
-        except failures as e:
-            raise UserError(_failure(e, what, spec, path)) from None
-        except RuntimeError as e:  # torch.load on a cut pre-1.6 (non-zip) pickle; any other RuntimeError is a bug
-            if pickle_weights(path) and "corrupted" in str(e):
-                raise UserError(_failure(EOFError(), what, spec, path)) from None
-            raise
+        return path
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         raise UserError(f"{what} {spec} does not exist")
-    cached = cached_folder(spec)
-    if cached is not None:
-        check_files(cached, what)
+    return None
+
+
+def _from_folder(loader: Callable[..., Any], path: Path, spec: str, what: str, **kwargs: Any) -> Any:
+    try:
+        return loader(str(path), **kwargs)
+    except _load_errors() as e:
+        raise UserError(_failure(e, what, spec, path)) from None
+    except RuntimeError as e:  # torch.load on a cut pre-1.6 (non-zip) pickle; any other RuntimeError is a bug
+        if pickle_weights(path) and "corrupted" in str(e):
+            raise UserError(_failure(EOFError(), what, spec, path)) from None
+        raise
+
+
+def _from_hub(loader: Callable[..., Any], spec: str, what: str, cached: Path | None, **kwargs: Any) -> Any:
+    """A hub name from the cache first (`cached`: its snapshot, JSON already checked), then the hub."""
+    from safetensors import SafetensorError
+
     try:
         return loader(spec, local_files_only=True, **kwargs)
     except (EOFError, pickle.UnpicklingError) as e:
@@ -96,6 +107,13 @@ def from_pretrained(loader: Callable[..., Any], spec: str, what: str, **kwargs: 
                             f"be downloaded: {_first_line(e)} (cache: {_first_line(cached_error)})") from None
 
 
+def from_pretrained(loader: Callable[..., Any], spec: str, what: str, **kwargs: Any) -> Any:
+    """Call `loader(spec)`: a local folder as is, a hub name from the cache first, then the hub. The folder's JSON
+    files (a cached hub name's too) are checked first (`models.files`), so a damaged one is named. Loading several
+    things of one model: `resolve` it once, then `ModelSource.load`."""
+    return _locate(spec, what).load(loader, **kwargs)
+
+
 def cached_folder(spec: str) -> Path | None:
     """The folder that holds `spec`: itself when it is a local folder, else the Hugging Face cache's
     snapshot of the hub name (None when it is not cached)."""
@@ -110,39 +128,115 @@ def cached_folder(spec: str) -> Path | None:
         return None
 
 
-def weights_kwargs(spec: str, what: str, allow_pickle: bool) -> dict[str, Any]:
-    """Check the weights of `spec` before a model loader reads them (damaged safetensors, pickles:
-    see `model_files`); returns what the loader needs to follow the same pickle policy on the hub."""
-    folder = cached_folder(spec)
-    if folder is not None:
-        check_files(folder, what, weights=True, allow_pickle=allow_pickle)
-    # transformers reads pickles with weights_only=True already; said here so that no default change can undo it
-    return {"weights_only": True} if allow_pickle else {"use_safetensors": True}
+@dataclass
+class ModelSource:
+    """A model named by the user, resolved once: where its files are, its config, its family, whether it is a
+    modelshrink-quantized artifact; its weights checked and its tokenizer read once, on first use. A step resolves
+    each model it is given when it starts (`resolve`) and passes this down, so that no helper looks the name up,
+    reads the config or checks the files again."""
+
+    spec: str  # as the user gave it: a folder, an artifact or a hub name
+    what: str  # what the user called it, for messages: "teacher", "model", "student", ...
+    config: Any
+    folder: Path | None  # the local folder, or the cache's snapshot of a hub name (None: neither has it)
+    local: bool  # a local folder (else a hub name)
+    trust_remote_code: bool = False
+    allow_pickle: bool = False
+    quantized: bool = False  # a modelshrink-quantized artifact (`quant.model.is_quantized`), known once resolved
+    _tokenizer: Any = field(default=None, repr=False)
+    _weights: dict[str, Any] | None = field(default=None, repr=False)
+
+    def __str__(self) -> str:  # in messages, the model as the user named it
+        return self.spec
+
+    @property
+    def family(self) -> Family:
+        return family_of(self.config)
+
+    @property
+    def task(self) -> str:
+        return task_of(self.config)
+
+    def load(self, loader: Callable[..., Any], what: str | None = None, **kwargs: Any) -> Any:
+        """`loader` (a `from_pretrained`) on this model's files, with the same one-line failures."""
+        what = what or self.what
+        if self.local:
+            return _from_folder(loader, self.folder, self.spec, what, **kwargs)
+        return _from_hub(loader, self.spec, what, self.folder, **kwargs)
+
+    def weights_kwargs(self) -> dict[str, Any]:
+        """The weights checked, once (damaged safetensors, pickles: see `models.files`); what the loader needs to
+        follow the same pickle policy on the hub."""
+        if self._weights is None:
+            if self.folder is not None:
+                check_files(self.folder, self.what, weights=True, allow_pickle=self.allow_pickle)
+            # transformers reads pickles with weights_only=True already; said here so no default change undoes it
+            self._weights = {"weights_only": True} if self.allow_pickle else {"use_safetensors": True}
+        return self._weights
+
+    def tokenizer(self) -> Any:
+        """The model's tokenizer, read once; with a config, one that does not fit the model is refused."""
+        if self._tokenizer is None:
+            self._tokenizer = _read_tokenizer(self)
+        return self._tokenizer
 
 
-def load_config(spec: str, what: str = "model", trust_remote_code: bool = False) -> Any:
+def _locate(spec: str, what: str, trust_remote_code: bool = False, allow_pickle: bool = False,
+            config: Any = None) -> ModelSource:
+    """Where `spec`'s files are: a local folder (checked), or a cached hub name's snapshot (its JSON checked)."""
+    path = _local_folder(spec, what)
+    folder = path if path is not None else cached_folder(spec)
+    if path is None and folder is not None:
+        check_files(folder, what)
+    return ModelSource(spec, what, config, folder, path is not None, trust_remote_code, allow_pickle)
+
+
+def resolve(spec: "str | ModelSource", what: str = "model", trust_remote_code: bool = False,
+            allow_pickle: bool = False) -> ModelSource:
+    """`spec` resolved once into a `ModelSource` (its files found and checked, its config read); a `ModelSource`
+    is returned as it is."""
     from transformers import AutoConfig
 
-    return from_pretrained(AutoConfig.from_pretrained, spec, what, trust_remote_code=trust_remote_code)
+    from modelshrink.quant.model import is_quantized
+
+    if isinstance(spec, ModelSource):
+        return spec
+    source = _locate(str(spec), what, trust_remote_code, allow_pickle)
+    source.config = source.load(AutoConfig.from_pretrained, trust_remote_code=trust_remote_code)
+    source.quantized = is_quantized(source.config)
+    return source
 
 
-def load_tokenizer(spec: str, what: str = "model", trust_remote_code: bool = False, config: Any = None) -> Any:
-    """The model's tokenizer; with the model's `config`, one that does not fit the model is refused."""
+def load_config(spec: "str | ModelSource", what: str = "model", trust_remote_code: bool = False) -> Any:
+    return resolve(spec, what, trust_remote_code).config
+
+
+def load_tokenizer(spec: "str | ModelSource", what: str = "model", trust_remote_code: bool = False,
+                   config: Any = None) -> Any:
+    """The model's tokenizer; with the model's `config` (a `ModelSource` always has it), one that does not fit
+    the model is refused."""
+    if isinstance(spec, ModelSource):
+        return spec.tokenizer()
+    return _locate(str(spec), what, trust_remote_code, config=config).tokenizer()
+
+
+def _read_tokenizer(source: ModelSource) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = from_pretrained(AutoTokenizer.from_pretrained, spec, f"tokenizer of {what}",
-                                    trust_remote_code=trust_remote_code)
+        known = {"config": source.config} if source.config is not None else {}  # not read again to find the class
+        tokenizer = source.load(AutoTokenizer.from_pretrained, f"tokenizer of {source.what}",
+                                trust_remote_code=source.trust_remote_code, **known)
     except (TypeError, KeyError) as e:
-        raise UserError(f"{what} {spec} has no usable tokenizer: {_first_line(e)}") from None
-    why = tokenizer_misfit(tokenizer, config) if config is not None else None
+        raise UserError(f"{source.what} {source.spec} has no usable tokenizer: {_first_line(e)}") from None
+    why = tokenizer_misfit(tokenizer, source.config) if source.config is not None else None
     if why:
-        folder = Path(cached_folder(spec) or spec)
+        folder = Path(source.folder or source.spec)
         files = sorted(p.name for p in folder.glob("*") if p.name.startswith(("tokenizer", "vocab", "merges",
                                                                               "special_tokens", "spiece", "source",
                                                                               "target", "sentencepiece")))
-        raise UserError(f"{what} {spec}: its tokenizer does not fit the model ({why}); its tokenizer files "
-                        f"({', '.join(files) or 'none'}) are incomplete or belong to another model")
+        raise UserError(f"{source.what} {source.spec}: its tokenizer does not fit the model ({why}); its tokenizer "
+                        f"files ({', '.join(files) or 'none'}) are incomplete or belong to another model")
     return tokenizer
 
 
@@ -170,25 +264,28 @@ def describe(config: Any) -> str:
     return f"a {config.model_type} model ({architectures})"
 
 
-def load_seq2seq(spec: str, what: str = "teacher", trust_remote_code: bool = False,
+def load_seq2seq(spec: "str | ModelSource", what: str = "teacher", trust_remote_code: bool = False,
                  device: str = "cpu", allow_pickle: bool = False) -> tuple[Any, Any, Family]:
     """Load an encoder-decoder model, its tokenizer and its family adapter, in eval mode. Pickle
-    weights are refused unless `allow_pickle` (then read with weights_only)."""
+    weights are refused unless `allow_pickle` (then read with weights_only). `spec` may be resolved already
+    (`resolve`); its own `what`, `trust_remote_code` and `allow_pickle` hold then."""
     from transformers import AutoModelForSeq2SeqLM, EncoderDecoderModel
 
-    from modelshrink.quant.model import is_quantized, load_quantized
+    from modelshrink.quant.model import load_quantized
 
-    config = load_config(spec, what, trust_remote_code)
+    source = resolve(spec, what, trust_remote_code, allow_pickle)
+    config = source.config
     if not getattr(config, "is_encoder_decoder", False):
-        raise UserError(f"{what} {spec} is not an encoder-decoder (seq2seq) model: it is {describe(config)}")
+        raise UserError(f"{source.what} {source.spec} is not an encoder-decoder (seq2seq) model: it is "
+                        f"{describe(config)}")
     family = family_of(config)
-    weights = weights_kwargs(spec, what, allow_pickle)
-    if is_quantized(config):
-        model = load_quantized(cached_folder(spec) or spec)
-        return model.to(device).eval(), load_tokenizer(spec, what, trust_remote_code, config), family
+    weights = source.weights_kwargs()
+    if source.quantized:
+        model = load_quantized(source.folder or source.spec)
+        return model.to(device).eval(), source.tokenizer(), family
     loader = EncoderDecoderModel if config.model_type == ENCODER_DECODER_TYPE else AutoModelForSeq2SeqLM
-    model = from_pretrained(loader.from_pretrained, spec, what, trust_remote_code=trust_remote_code, **weights)
-    tokenizer = load_tokenizer(spec, what, trust_remote_code, config)
+    model = source.load(loader.from_pretrained, config=config, trust_remote_code=source.trust_remote_code, **weights)
+    tokenizer = source.tokenizer()
     model.to(device).eval()
     return model, tokenizer, family
 
@@ -208,33 +305,38 @@ def is_classifier(config: Any) -> bool:
     return any(a.endswith("ForSequenceClassification") for a in getattr(config, "architectures", None) or [])
 
 
-def load_classifier(spec: str, what: str = "model", trust_remote_code: bool = False,
+def load_classifier(spec: "str | ModelSource", what: str = "model", trust_remote_code: bool = False,
                     device: str = "cpu", new_head: dict[str, Any] | None = None,
                     allow_pickle: bool = False) -> tuple[Any, Any]:
     """Load a sequence classifier and its tokenizer, in eval mode. A pretrained encoder without a
     classification head (e.g. MiniLM) gets a new, randomly initialised one configured by `new_head`
-    (num_labels, id2label, label2id, problem_type); without `new_head` it is refused."""
+    (num_labels, id2label, label2id, problem_type); without `new_head` it is refused. `spec` may be resolved
+    already (`resolve`)."""
     from transformers import AutoModelForSequenceClassification
 
-    from modelshrink.quant.model import is_quantized, load_quantized
+    from modelshrink.quant.model import load_quantized
 
-    config = load_config(spec, what, trust_remote_code)
+    source = resolve(spec, what, trust_remote_code, allow_pickle)
+    config = source.config
     if getattr(config, "is_encoder_decoder", False):
-        raise UserError(f"{what} {spec} is a seq2seq model, not a sequence classifier: it is {describe(config)}")
-    weights = weights_kwargs(spec, what, allow_pickle)
-    if is_quantized(config):
-        model = load_quantized(cached_folder(spec) or spec)
+        raise UserError(f"{source.what} {source.spec} is a seq2seq model, not a sequence classifier: it is "
+                        f"{describe(config)}")
+    weights = source.weights_kwargs()
+    if source.quantized:
+        model = load_quantized(source.folder or source.spec)
     else:
         head = {}
         if not is_classifier(config):
             if new_head is None:
-                raise UserError(f"{what} {spec} is not a sequence classifier: it is {describe(config)}")
+                raise UserError(f"{source.what} {source.spec} is not a sequence classifier: it is "
+                                f"{describe(config)}")
             head = new_head
-        model = from_pretrained(AutoModelForSequenceClassification.from_pretrained, spec, what,
-                                trust_remote_code=trust_remote_code, **weights, **head)
+        known = {} if head else {"config": config}  # a new head's labels go to the config the loader reads
+        model = source.load(AutoModelForSequenceClassification.from_pretrained,
+                            trust_remote_code=source.trust_remote_code, **weights, **head, **known)
         if head:
             model.config.architectures = [type(model).__name__]  # saved as a classifier from now on
-    tokenizer = load_tokenizer(spec, what, trust_remote_code, config)
+    tokenizer = source.tokenizer()
     model.to(device).eval()
     return model, tokenizer
 

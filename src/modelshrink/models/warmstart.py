@@ -12,7 +12,7 @@ from typing import Any
 
 from modelshrink.errors import UserError
 from modelshrink.families import ENCODER_DECODER_HALVES
-from modelshrink.models.loading import load_config, load_tokenizer, weights_kwargs
+from modelshrink.models.loading import load_tokenizer, resolve
 
 # Generation defaults written into a warm-started model; fine-tuning may later replace them.
 WARMSTART_GENERATION = dict(num_beams=4, max_length=64, min_length=1, no_repeat_ngram_size=3,
@@ -63,9 +63,10 @@ def init_encoder_decoder(encoder: str, decoder: str | None = None, trust_remote_
     decoder = decoder or encoder
     halves: dict[str, Any] = {}  # the pickle policy, for each half's from_pretrained
     for spec, role in ((encoder, "encoder"), (decoder, "decoder")):
-        config = load_config(spec, role, trust_remote_code)
+        source = resolve(spec, role, trust_remote_code, allow_pickle)
+        config = source.config
         # damaged or pickle weights: one line
-        halves.update({f"{role}_{k}": v for k, v in weights_kwargs(spec, role, allow_pickle).items()})
+        halves.update({f"{role}_{k}": v for k, v in source.weights_kwargs().items()})
         if config.model_type not in ENCODER_DECODER_HALVES or getattr(config, "is_encoder_decoder", False):
             raise UserError(f"{role} {spec} is a {config.model_type} model; a warm start takes a pretrained "
                             f"encoder of type {', '.join(ENCODER_DECODER_HALVES)}")

@@ -68,7 +68,7 @@ def build_models(options: ContrastiveOptions, log: Callable[[str], None]) -> dic
     """Teacher (or None), student, tokenizer and the student's layer map; one-line errors for
     models that cannot be paired."""
     from modelshrink.models.loading import tokenizer_mismatch
-    from modelshrink.models.loading import is_classifier, load_classifier, load_config, task_of
+    from modelshrink.models.loading import is_classifier, load_classifier, resolve, task_of
     from modelshrink.models.shrink import first_layer_ids, shrink_encoder, spaced_layer_ids
 
     torch.manual_seed(options.seed)  # a new head is random
@@ -84,12 +84,11 @@ def build_models(options: ContrastiveOptions, log: Callable[[str], None]) -> dic
             head["problem_type"] = c.problem_type
     layer_ids, new_head = None, False
     if options.student is not None:
-        config = load_config(options.student, "student", options.trust_remote_code)
-        new_head = not is_classifier(config)
-        if head is None and not is_classifier(config):
+        source = resolve(options.student, "student", options.trust_remote_code, options.allow_pickle)
+        new_head = not is_classifier(source.config)
+        if head is None and new_head:
             head = _label_scheme(options.data, options)
-        student, student_tok = load_classifier(options.student, "student", options.trust_remote_code,
-                                               new_head=head, allow_pickle=options.allow_pickle)
+        student, student_tok = load_classifier(source, new_head=head)
         if teacher is not None:
             why = tokenizer_mismatch(tokenizer, student_tok)
             if why:

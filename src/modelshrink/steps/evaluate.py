@@ -114,7 +114,7 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
                             with_model=options.model is not None)
     if not source.columns:
         raise UserError(f"data {options.data} has no rows")
-    task, parents = _task_and_parents(options, source)
+    task, parents, model = _task_and_parents(options, source)
     if options.model is None:  # scoring a file on disk is one process's work
         if not launch.main:
             return output, {}
@@ -122,7 +122,7 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
     staging = open_run(launch, writer, options.recorded(), parents)
     try:
         resolved: dict[str, Any] = {"task": task}
-        scored = _generate_and_score(options, task, source, staging, launch, progress, log)
+        scored = _generate_and_score(options, task, source, staging, launch, progress, log, model)
         if scored is None:  # not the main process: its share is written, the main process scores
             return output, {}
         rows, metrics, efficiency, extra = scored
@@ -152,13 +152,16 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
     return path, metrics
 
 
-def _task_and_parents(options: EvalOptions, source: Any) -> tuple[str, list[dict[str, Any]]]:
+def _task_and_parents(options: EvalOptions, source: Any) -> tuple[str, list[dict[str, Any]], Any]:
     """The task (the model's, or what the predictions file's columns hold) with options of the other task and
-    missing inputs refused in one line; the artifact's parents."""
-    from modelshrink.models.loading import load_config, task_of
+    missing inputs refused in one line; the artifact's parents; the model resolved once (`ModelSource`, None for
+    a predictions file)."""
+    from modelshrink.models.loading import resolve
 
+    model = None
     if options.model is not None:
-        task = task_of(load_config(options.model, "model", options.trust_remote_code))
+        model = resolve(options.model, "model", options.trust_remote_code, options.allow_pickle)
+        task = model.task
         task = text_task(source.columns, options) if task == "summarization" else task
         what = f"model {options.model}"
     else:
@@ -175,7 +178,7 @@ def _task_and_parents(options: EvalOptions, source: Any) -> tuple[str, list[dict
                                                          ("references", options.references),
                                                          ("against", options.against),
                                                          ("reference_size", options.reference_size)) if spec]
-    return task, parents
+    return task, parents, model
 
 
 def _check_against_task(other: str, task: str) -> None:
@@ -188,7 +191,8 @@ def _check_against_task(other: str, task: str) -> None:
 
 
 def _generate_and_score(options: EvalOptions, task: str, source: Any, staging: Path, launch: Any,
-                        progress: ProgressFn | None, log: LogFn) -> tuple[list, dict, dict, dict] | None:
+                        progress: ProgressFn | None, log: LogFn, model: Any = None
+                        ) -> tuple[list, dict, dict, dict] | None:
     """(rows, metrics, efficiency, resolved entries) of a model's outputs or a file's predictions on `source`;
     None on a process other than the main one (it wrote its share for the main one to score)."""
     from modelshrink.models.loading import load_tokenizer
@@ -197,7 +201,7 @@ def _generate_and_score(options: EvalOptions, task: str, source: Any, staging: P
     resolved: dict[str, Any] = {"task": task}
     if task not in TEXT_TASKS:
         if options.model is not None:
-            rows, efficiency, extra = predict_labels(options, task, staging, launch, progress)
+            rows, efficiency, extra = predict_labels(options, task, staging, launch, progress, model)
             if rows is None:
                 return None
             resolved.update(extra)
@@ -206,7 +210,8 @@ def _generate_and_score(options: EvalOptions, task: str, source: Any, staging: P
         return rows, score_labels(rows, resolved["task"]), efficiency, resolved
     tokenizer = load_tokenizer(options.tokenizer, "tokenizer") if options.tokenizer else None
     if options.model is not None:
-        rows, efficiency, extra, tokenizer = generate_summaries(options, source, staging, launch, progress, log)
+        rows, efficiency, extra, tokenizer = generate_summaries(options, source, staging, launch, progress, log,
+                                                                model)
         if rows is None:
             return None
         resolved.update({k: v for k, v in extra.items() if k != "attention"})

@@ -45,19 +45,21 @@ __all__ = ["ExportCheckFailed", "ExportOptions", "export_model", "inspect"]
 LogFn = Callable[[str], None]
 
 
-def inspect(spec: str, trust_remote_code: bool = False) -> tuple[str, Any]:
-    """('seq2seq' | 'classifier', config); one-line errors for anything without an export path."""
-    from modelshrink.models.loading import load_config
+def inspect(spec: str, trust_remote_code: bool = False, allow_pickle: bool = False) -> tuple[str, Any]:
+    """('seq2seq' | 'classifier', the model resolved once: `models.loading.ModelSource`); one-line errors for
+    anything without an export path."""
+    from modelshrink.models.loading import resolve
 
     path = Path(spec)
     if path.is_dir() and not (path / "config.json").is_file():
         manifest = read_manifest(path)
         what = f"a {manifest['kind']} artifact (step {manifest['step']})" if manifest else "a folder without config.json"
         raise UserError(f"{spec} is not a model: it is {what}; expected a model artifact or save_pretrained folder")
-    config = load_config(spec, "model", trust_remote_code)
+    source = resolve(spec, "model", trust_remote_code, allow_pickle)
+    config = source.config
     kind = model_kind(config)  # a UserError naming the supported families for another encoder-decoder
     if kind is not None:
-        return kind, config
+        return kind, source
     raise UserError(f"no export path for model type '{config.model_type}' "
                     f"({', '.join(config.architectures or []) or 'no architecture'}); supported: seq2seq families "
                     f"and sequence classifiers of type {', '.join(CLASSIFIER_TYPES)}")
@@ -83,22 +85,20 @@ def _sample_texts(options: ExportOptions, tokenizer: Any, count: int) -> list[st
 
 def _load_model(options: ExportOptions) -> tuple[str, Any, Any, Any]:
     """(kind, config, model with eager attention, tokenizer); one-line errors before anything is written."""
-    from modelshrink.models.loading import load_classifier, load_seq2seq, load_tokenizer
+    from modelshrink.models.loading import load_classifier, load_seq2seq
 
-    kind, config = inspect(options.model, options.trust_remote_code)
+    kind, source = inspect(options.model, options.trust_remote_code, options.allow_pickle)
     local = Path(options.model)
     if local.is_dir() and not any((local / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
         raise UserError(f"{options.model} has no tokenizer (tokenizer.json); an export folder must be complete, so "
                         "save the tokenizer beside the model first")
-    load_tokenizer(options.model, "model", options.trust_remote_code)  # a missing tokenizer fails here, not later
+    source.tokenizer()  # a missing tokenizer fails here, before the weights load
     if kind == "seq2seq":
-        model, tokenizer, _ = load_seq2seq(options.model, "model", options.trust_remote_code,
-                                          allow_pickle=options.allow_pickle)
+        model, tokenizer, _ = load_seq2seq(source)
     else:
-        model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code,
-                                           allow_pickle=options.allow_pickle)
+        model, tokenizer = load_classifier(source)
     use_eager_attention(model)
-    return kind, config, model, tokenizer
+    return kind, source.config, model, tokenizer
 
 
 def rounding_for(activation_rounding: str) -> str:

@@ -15,12 +15,13 @@ import json
 import math
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from modelshrink.artifacts import ArtifactWriter, parent_ref
 from modelshrink.cards import commit_model
 from modelshrink.errors import UserError
 from modelshrink.metrics.names import CLASSIFIER_METRICS, SEQ2SEQ_METRICS
+from modelshrink.models.loading import ModelSource
 from modelshrink.options.distill import DistillOptions
 from modelshrink.options.quantize import QuantizeOptions
 from modelshrink.quant.model import save_quantized
@@ -29,6 +30,15 @@ from modelshrink.training.runs import TrainingRun, finished, parent_refs, reprod
 from modelshrink.training.loop import enable_gradient_checkpointing, place_teacher, train
 
 __all__ = ["QuantizeOptions", "quantize", "storage_metrics"]
+
+
+class Models(NamedTuple):
+    """The model to quantize and its full-precision teacher (the model itself without --teacher), each resolved
+    once when the step starts."""
+
+    model: ModelSource
+    teacher: ModelSource
+
 
 STORED_AS_INTEGERS = ("Weights stored as integers: load with modelshrink (`eval`, `export`, `modelshrink.quant.model."
                       "load_quantized`); plain `transformers.from_pretrained` finds no weights file it knows and fails.")
@@ -97,20 +107,22 @@ def _card_head(output: str | Path, options: QuantizeOptions, metrics: dict[str, 
         f"({metrics['compression_ratio']}× smaller than the float32 model).", ""]
 
 
-def _check_model(options: QuantizeOptions) -> str:
-    """'seq2seq' or 'classifier'; refuses a model that is quantized already and would teach itself."""
-    from modelshrink.models.loading import load_config
-    from modelshrink.quant.model import is_quantized
+def _check_model(options: QuantizeOptions) -> tuple[str, Models]:
+    """'seq2seq' or 'classifier', and the model and teacher resolved once (the model teaches itself without
+    --teacher); refuses a model that is quantized already and would teach itself."""
+    from modelshrink.models.loading import resolve
 
-    config = load_config(options.model, "model", options.trust_remote_code)
-    kind = check_quantizable(config)
-    if is_quantized(config):
+    model = resolve(options.model, "model", options.trust_remote_code, options.allow_pickle)
+    kind = check_quantizable(model.config)
+    teacher = model if options.teacher is None else resolve(options.teacher, "teacher", options.trust_remote_code,
+                                                             options.allow_pickle)
+    if model.quantized:
         if options.method == "direct":
             raise UserError(f"{options.model} is already quantized; quantize its full-precision original")
-        if options.teacher is None or is_quantized(load_config(options.teacher, "teacher", options.trust_remote_code)):
+        if teacher.quantized:
             raise UserError(f"{options.model} is already quantized, so it cannot teach itself; give a "
                             "full-precision --teacher")
-    return kind
+    return kind, Models(model, teacher)
 
 
 def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,
@@ -128,16 +140,18 @@ def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = 
         small = modelshrink.quantize(QuantizeOptions(model="student", bits="2-2-8", data="labels", epochs=3),
                                      "student-228")
     """
-    kind = _check_model(options)
+    kind, models = _check_model(options)
     if options.method == "direct":
-        return quantize_direct(options, output, kind, overwrite=overwrite, resume=resume, log=log)
+        return quantize_direct(options, output, kind, models, overwrite=overwrite, resume=resume, log=log)
     if kind == "seq2seq":
-        return quantize_seq2seq(options, output, overwrite=overwrite, resume=resume, progress=progress, log=log)
-    return quantize_classifier(options, output, overwrite=overwrite, resume=resume, progress=progress, log=log)
+        return quantize_seq2seq(options, output, models, overwrite=overwrite, resume=resume, progress=progress,
+                                log=log)
+    return quantize_classifier(options, output, models, overwrite=overwrite, resume=resume, progress=progress,
+                               log=log)
 
 
-def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, *, overwrite: bool, resume: bool,
-                    log: Callable[[str], None]) -> Path:
+def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, models: Models | None = None, *,
+                    overwrite: bool, resume: bool, log: Callable[[str], None]) -> Path:
     """The model as it is, quantized (no training). `resume` keeps a complete output as it is (nothing
     to continue: an interrupted direct run left nothing behind)."""
     from modelshrink.models.efficiency import parameter_count
@@ -149,16 +163,15 @@ def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, *, 
     writer = ArtifactWriter(output, overwrite=overwrite)
     writer.check()
     device = resolve_device(options.device)
+    models = models or _check_model(options)[1]
     if kind == "seq2seq":
-        model, tokenizer, _ = load_seq2seq(options.model, "model", options.trust_remote_code, device,
-                                           allow_pickle=options.allow_pickle)
+        model, tokenizer, _ = load_seq2seq(models.model, device=device)
     else:
-        model, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, device,
-                                           allow_pickle=options.allow_pickle)
+        model, tokenizer = load_classifier(models.model, device=device)
     float_params = parameter_count(model)
     plan = None
     if options.budget_mb is not None:  # the model as it is teaches its quantized self on the calibration sample
-        spec, plan, counts = _direct_plan(options, kind, model, device, log)
+        spec, plan, counts = _direct_plan(options, kind, models.model, model, device, log)
     else:
         counts = quantize_model(model, spec)
     log(f"quantized {counts['linear']} linear layers, {counts['embedding']} embedding modules, "
@@ -177,7 +190,8 @@ def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, *, 
                             metrics=metrics, resolved={"bits": asdict(spec), "kind": kind})
 
 
-def _direct_plan(options: QuantizeOptions, kind: str, model: Any, device: str, log: Callable[[str], None]):
+def _direct_plan(options: QuantizeOptions, kind: str, source: ModelSource, model: Any, device: str,
+                 log: Callable[[str], None]):
     """--method direct --budget-mb: a second, full-precision copy of the model gives the calibration's targets."""
     from modelshrink.training import classify
     from modelshrink.models.loading import load_classifier, load_seq2seq, source_length
@@ -185,8 +199,7 @@ def _direct_plan(options: QuantizeOptions, kind: str, model: Any, device: str, l
     from modelshrink.steps import bit_budget
 
     if kind == "seq2seq":
-        teacher, tokenizer, _ = load_seq2seq(options.model, "model", options.trust_remote_code, device,
-                                             allow_pickle=options.allow_pickle)
+        teacher, tokenizer, _ = load_seq2seq(source, device=device)
         rows = read_pairs(options.data, options.split, options, options.limit)
         length = source_length(options.max_source_length, tokenizer, model.config)
 
@@ -194,8 +207,7 @@ def _direct_plan(options: QuantizeOptions, kind: str, model: Any, device: str, l
             return bit_budget.seq2seq_objective(sample, tokenizer, teacher.eval(), length, options.max_target_length,
                                                 options.batch_size, device)
     else:
-        teacher, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, device,
-                                             allow_pickle=options.allow_pickle)
+        teacher, tokenizer = load_classifier(source, device=device)
         rows, _ = _classifier_rows(options, teacher.config)
         length = source_length(options.max_source_length, tokenizer, model.config)
 
@@ -224,7 +236,8 @@ def distillation_settings(options: QuantizeOptions) -> DistillOptions:
     return DistillOptions(**values)
 
 
-def quantize_seq2seq(options: QuantizeOptions, output: str | Path, *, overwrite: bool, resume: bool,
+def quantize_seq2seq(options: QuantizeOptions, output: str | Path, models: Models | None = None, *,
+                     overwrite: bool, resume: bool,
                      progress: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None]) -> Path:
     """Distillation-aware quantization of a seq2seq model (optionally shrunk at the same time)."""
     from modelshrink.models.loading import resolve_device, source_length
@@ -239,7 +252,9 @@ def quantize_seq2seq(options: QuantizeOptions, output: str | Path, *, overwrite:
     device = resolve_device(options.device)
     accelerator = run.start(device)
     rows, validation_rows = read_pairs_for(settings)
-    built = build_student(settings, device, log)
+    models = models or _check_model(options)[1]
+    shrinking = settings.student is None
+    built = build_student(settings, device, log, teacher=models.teacher, student=None if shrinking else models.model)
     student, tokenizer = built["student"], built["tokenizer"]
     check_widths(built["teacher"], student, settings)
     max_source_length = source_length(settings.max_source_length, tokenizer, student.config)
@@ -318,15 +333,13 @@ def _classifier_rows(options: QuantizeOptions, config: Any) -> tuple[list[Any], 
     return rows, validation
 
 
-def _classifier_pair(options: QuantizeOptions) -> tuple[Any, Any, Any]:
+def _classifier_pair(models: Models) -> tuple[Any, Any, Any]:
     """(teacher, student, tokenizer) on the CPU: the full-precision teacher and the model to quantize, refused in one
     line where their tokenizers or labels differ."""
     from modelshrink.models.loading import load_classifier, tokenizer_mismatch
 
-    teacher, teacher_tok = load_classifier(options.teacher or options.model, "teacher", options.trust_remote_code,
-                                           "cpu", allow_pickle=options.allow_pickle)
-    student, tokenizer = load_classifier(options.model, "model", options.trust_remote_code, "cpu",
-                                         allow_pickle=options.allow_pickle)
+    teacher, teacher_tok = load_classifier(models.teacher)
+    student, tokenizer = load_classifier(models.model)
     why = tokenizer_mismatch(teacher_tok, tokenizer)
     if why:
         raise UserError(f"teacher and student tokenizers differ ({why}); the distillation losses need the same one")
@@ -353,7 +366,8 @@ def _classifier_plan(options: QuantizeOptions, teacher: Any, student: Any, token
                                              run.staging if run.resume else None, run.log, run.accelerator)
 
 
-def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwrite: bool, resume: bool,
+def quantize_classifier(options: QuantizeOptions, output: str | Path, models: Models | None = None, *,
+                        overwrite: bool, resume: bool,
                         progress: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None]) -> Path:
     """Distillation-aware quantization of a sequence classifier: the full-precision classifier teaches
     its quantized copy (task loss + MSE on logits, hidden states and attention), through the shared loop."""
@@ -373,7 +387,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, *, overwri
     if run.finished():
         return run.output
     accelerator = run.start(resolve_device(options.device))
-    teacher, student, tokenizer = _classifier_pair(options)
+    teacher, student, tokenizer = _classifier_pair(models or _check_model(options)[1])
     rows, validation = _classifier_rows(options, student.config)
     task = task_of(student.config)
     layer_map = spaced_layer_ids(encoder_layer_count(teacher.config), encoder_layer_count(student.config), "encoder")

@@ -23,25 +23,29 @@ def check_widths(teacher: Any, student: Any, options: DistillOptions) -> None:
                         f"teacher's: {dims[0]} vs {dims[1]}")
 
 
-def build_student(options: DistillOptions, device: str, log: Callable[[str], None]) -> dict[str, Any]:
-    """Teacher (or None), student, tokenizer, layer maps and where the student came from."""
+def build_student(options: DistillOptions, device: str, log: Callable[[str], None], *, teacher: Any = None,
+                  student: Any = None) -> dict[str, Any]:
+    """Teacher (or None), student, tokenizer, layer maps and where the student came from. `teacher` and `student`
+    may be given resolved already (`models.loading.ModelSource`, what a step resolved when it started);
+    otherwise `options.teacher` and `options.student` are resolved here."""
     from modelshrink.models.loading import load_seq2seq, tokenizer_mismatch
     from modelshrink.models.shrink import check_layer_ids, first_layer_ids, layer_counts, shrink, spaced_layer_ids
     from modelshrink.models.warmstart import init_encoder_decoder
 
+    teacher_source, student_source = teacher or options.teacher, student or options.student
     teacher = None
-    if options.teacher is not None:
-        teacher, tokenizer, _ = load_seq2seq(options.teacher, "teacher", options.trust_remote_code, "cpu",
-                                              allow_pickle=options.allow_pickle)
+    if teacher_source is not None:
+        teacher, tokenizer, _ = load_seq2seq(teacher_source, "teacher", options.trust_remote_code, "cpu",
+                                             allow_pickle=options.allow_pickle)
     if options.init_encoder_decoder is not None:
         encoder, _, decoder = options.init_encoder_decoder.partition(",")
         student, tokenizer = init_encoder_decoder(encoder, decoder or None, options.trust_remote_code, options.seed,
                                                   options.cross_attention_init, allow_pickle=options.allow_pickle)
         return {"teacher": None, "student": student, "tokenizer": tokenizer, "maps": None,
                 "origin": {"init_encoder_decoder": options.init_encoder_decoder}}
-    if options.student is not None:
-        student, student_tokenizer, _ = load_seq2seq(options.student, "student", options.trust_remote_code, "cpu",
-                                                              allow_pickle=options.allow_pickle)
+    if student_source is not None:
+        student, student_tokenizer, _ = load_seq2seq(student_source, "student", options.trust_remote_code, "cpu",
+                                                     allow_pickle=options.allow_pickle)
         maps = None
         if teacher is not None and options.word_level:
             why = tokenizer_mismatch(tokenizer, student_tokenizer)
