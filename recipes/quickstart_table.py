@@ -5,7 +5,7 @@
 
 A run of `modelshrink quickstart` writes `summary.json` (its comparison of the five systems). This script keeps
 the numbers README shows in `reproduction/quickstart.json` (with the date) and renders README's table from that
-record between the `<!-- quickstart-table -->` markers; `tests/test_project.py` checks the table is the record's,
+record between the `<!-- quickstart-table -->` markers; `tests/test_tables.py` checks the table is the record's,
 and that a quickstart run's summary renders. ROUGE is the same on every run of the same versions; latency is
 the machine's.
 """

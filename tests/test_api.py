@@ -74,7 +74,10 @@ def test_every_exported_name_is_the_steps_own(monkeypatch):
 def test_each_function_has_typed_options_and_an_example(name):
     function = getattr(modelshrink, name)
     doc = inspect.getdoc(function)
-    assert "Example::" in doc and f"modelshrink.{name}(" in doc, name
+    # a Markdown block (what the API reference renders as code), of Python that compiles
+    example = doc.split("```python\n", 1)[1].split("\n```", 1)[0]
+    assert f"modelshrink.{name}(" in example, name
+    compile(example, f"modelshrink.{name}'s example", "exec")
     parameters = inspect.signature(function).parameters
     if name != "load":
         options = next(iter(parameters.values()))

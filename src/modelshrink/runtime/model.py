@@ -414,11 +414,13 @@ def load(folder: str | os.PathLike, threads: int | None = None, spin: bool = Fal
     cores); `spin=True` lets their threads busy-wait between runs (onnxruntime's default, slower here).
     Torch-free; `modelshrink.load` is this function, and `modelshrink run` its command line.
 
-    Example::
+    For example:
 
-        import modelshrink   # or, with no torch installed: from modelshrink.runtime import load
+    ```python
+    import modelshrink   # or, with no torch installed: from modelshrink.runtime import load
 
-        model = modelshrink.load("student-onnx")
-        print(model.summarize(["a long document ..."], batch_size=16))
+    model = modelshrink.load("student-onnx")
+    print(model.summarize(["a long document ..."], batch_size=16))
+    ```
     """
     return ExportedModel(folder, threads, spin)

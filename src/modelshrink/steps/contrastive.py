@@ -239,14 +239,16 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     """Train the student (ACKD, or fine-tuning without a teacher) and write a classifier artifact; returns its
     path. The function behind `modelshrink contrastive`.
 
-    Example::
+    For example:
 
-        import modelshrink
-        from modelshrink import ContrastiveOptions
+    ```python
+    import modelshrink
+    from modelshrink import ContrastiveOptions
 
-        # a 3-layer student copied from the fine-tuned teacher, trained by full ACKD
-        student = modelshrink.contrastive(ContrastiveOptions(data="sentences.jsonl", teacher="classifier", layers=3,
-                                                             epochs=3), "student-3l")
+    # a 3-layer student copied from the fine-tuned teacher, trained by full ACKD
+    student = modelshrink.contrastive(ContrastiveOptions(data="sentences.jsonl", teacher="classifier", layers=3,
+                                                         epochs=3), "student-3l")
+    ```
     """
     from modelshrink.training import classify
     from modelshrink.models.loading import resolve_device, save_model, source_length, task_of

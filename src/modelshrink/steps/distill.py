@@ -30,14 +30,16 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     """Build the student, train it, and write a model artifact; returns its path. The function behind
     `modelshrink distill`.
 
-    Example::
+    For example:
 
-        import modelshrink
-        from modelshrink import DistillOptions
+    ```python
+    import modelshrink
+    from modelshrink import DistillOptions
 
-        # a 12-3 student (decoder layers 0, 6, 11 of the teacher) on PLATE labels, validated by ROUGE-2
-        student = modelshrink.distill(DistillOptions(data="labels", teacher="teacher", decoder_layers=3, epochs=3,
-                                                     validation="valid.jsonl", eval_every=500), "student")
+    # a 12-3 student (decoder layers 0, 6, 11 of the teacher) on PLATE labels, validated by ROUGE-2
+    student = modelshrink.distill(DistillOptions(data="labels", teacher="teacher", decoder_layers=3, epochs=3,
+                                                 validation="valid.jsonl", eval_every=500), "student")
+    ```
     """
     from modelshrink.models.loading import resolve_device, save_model, source_length
 

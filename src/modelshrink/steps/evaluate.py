@@ -80,15 +80,17 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
     With a model an interrupted run keeps what it generated, and `resume` continues it. The function behind
     `modelshrink eval`.
 
-    Example::
+    For example:
 
-        import modelshrink
-        from modelshrink import EvalOptions
+    ```python
+    import modelshrink
+    from modelshrink import EvalOptions
 
-        # ROUGE with 95% intervals, size and latency, and a paired test against the teacher's evaluation
-        path, metrics = modelshrink.evaluate(EvalOptions(model="student", data="valid.jsonl", against="eval-teacher"),
-                                             "eval-student")
-        print(metrics["rougeL"], metrics["ci95"]["rougeL"], metrics["against"])
+    # ROUGE with 95% intervals, size and latency, and a paired test against the teacher's evaluation
+    path, metrics = modelshrink.evaluate(EvalOptions(model="student", data="valid.jsonl", against="eval-teacher"),
+                                         "eval-student")
+    print(metrics["rougeL"], metrics["ci95"]["rougeL"], metrics["against"])
+    ```
     """
     from modelshrink.generation import shards
     from modelshrink.models.efficiency import weight_bytes

@@ -212,13 +212,15 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     after the folder and its report are written. The function behind `modelshrink export` (as
     `modelshrink.export`).
 
-    Example::
+    For example:
 
-        import modelshrink
-        from modelshrink import ExportOptions
+    ```python
+    import modelshrink
+    from modelshrink import ExportOptions
 
-        folder, report = modelshrink.export(ExportOptions(model="student", int8=True), "student-onnx")
-        print(report["validation"]["max_abs_diff"], modelshrink.load(folder).summarize(["a long document ..."]))
+    folder, report = modelshrink.export(ExportOptions(model="student", int8=True), "student-onnx")
+    print(report["validation"]["max_abs_diff"], modelshrink.load(folder).summarize(["a long document ..."]))
+    ```
     """
     from modelshrink.models.loading import source_length
 

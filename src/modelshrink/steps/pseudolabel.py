@@ -34,14 +34,16 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     """Run the teacher over the data and write a dataset artifact; returns its path (on every process;
     only the main one writes it). The function behind `modelshrink pseudolabel`.
 
-    Example::
+    For example:
 
-        import modelshrink
-        from modelshrink import PseudolabelOptions
+    ```python
+    import modelshrink
+    from modelshrink import PseudolabelOptions
 
-        # PLATE labels: the teacher's attention at temperature λ = 2, beam 4
-        labels = modelshrink.pseudolabel(PseudolabelOptions(teacher="teacher", data="docs.jsonl", lam=2.0,
-                                                            num_beams=4), "labels")
+    # PLATE labels: the teacher's attention at temperature λ = 2, beam 4
+    labels = modelshrink.pseudolabel(PseudolabelOptions(teacher="teacher", data="docs.jsonl", lam=2.0,
+                                                        num_beams=4), "labels")
+    ```
     """
     log = log or (lambda message: None)
     output = Path(output)

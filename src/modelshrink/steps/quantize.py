@@ -131,14 +131,16 @@ def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = 
     """Quantize `options.model` (directly, or by distillation-aware training) into an artifact; returns its path.
     The function behind `modelshrink quantize`.
 
-    Example::
+    For example:
 
-        import modelshrink
-        from modelshrink import QuantizeOptions
+    ```python
+    import modelshrink
+    from modelshrink import QuantizeOptions
 
-        # DQ-BART 2-2-8: ternary weights and embeddings, 8-bit activations, the float model teaching
-        small = modelshrink.quantize(QuantizeOptions(model="student", bits="2-2-8", data="labels", epochs=3),
-                                     "student-228")
+    # DQ-BART 2-2-8: ternary weights and embeddings, 8-bit activations, the float model teaching
+    small = modelshrink.quantize(QuantizeOptions(model="student", bits="2-2-8", data="labels", epochs=3),
+                                 "student-228")
+    ```
     """
     kind, models = _check_model(options)
     if options.method == "direct":
