@@ -414,8 +414,6 @@ def load(folder: str | os.PathLike, threads: int | None = None, spin: bool = Fal
     cores); `spin=True` lets their threads busy-wait between runs (onnxruntime's default, slower here).
     Torch-free; `modelshrink.load` is this function, and `modelshrink run` its command line.
 
-    For example:
-
     ```python
     import modelshrink   # or, with no torch installed: from modelshrink.runtime import load
 

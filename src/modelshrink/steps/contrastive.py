@@ -239,8 +239,6 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     """Train the student (ACKD, or fine-tuning without a teacher) and write a classifier artifact; returns its
     path. The function behind `modelshrink contrastive`.
 
-    For example:
-
     ```python
     import modelshrink
     from modelshrink import ContrastiveOptions

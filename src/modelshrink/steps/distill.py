@@ -30,8 +30,6 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     """Build the student, train it, and write a model artifact; returns its path. The function behind
     `modelshrink distill`.
 
-    For example:
-
     ```python
     import modelshrink
     from modelshrink import DistillOptions

@@ -80,8 +80,6 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
     With a model an interrupted run keeps what it generated, and `resume` continues it. The function behind
     `modelshrink eval`.
 
-    For example:
-
     ```python
     import modelshrink
     from modelshrink import EvalOptions

@@ -212,8 +212,6 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     after the folder and its report are written. The function behind `modelshrink export` (as
     `modelshrink.export`).
 
-    For example:
-
     ```python
     import modelshrink
     from modelshrink import ExportOptions

@@ -34,8 +34,6 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     """Run the teacher over the data and write a dataset artifact; returns its path (on every process;
     only the main one writes it). The function behind `modelshrink pseudolabel`.
 
-    For example:
-
     ```python
     import modelshrink
     from modelshrink import PseudolabelOptions

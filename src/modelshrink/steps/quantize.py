@@ -131,8 +131,6 @@ def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = 
     """Quantize `options.model` (directly, or by distillation-aware training) into an artifact; returns its path.
     The function behind `modelshrink quantize`.
 
-    For example:
-
     ```python
     import modelshrink
     from modelshrink import QuantizeOptions
