@@ -554,6 +554,11 @@ def distill_part(args, model: Path, pairs: Path, work: Path, results: Results) -
             lambda r, o=options, p=precision: modelshrink_train("distill", o, work / f"distill-{p}-{r}", args))
         settings[f"{precision} · plain PyTorch loop"] = (
             lambda r, p=precision: plain_train(model, batches, collate, p, args))
+    if not (args.no_compile or args.tiny):  # compiled by inductor: minutes on a CPU
+        options = DistillOptions(data=str(pairs), student=str(model), precision="bf16", compile=True,
+                                 **common_training(args, args.train_batch))
+        settings["bf16 · modelshrink distill --compile"] = (
+            lambda r, o=options: modelshrink_train("distill", o, work / f"distill-bf16-compile-{r}", args))
     started = time.perf_counter()
     interleaved(part, settings, args, results, "distill")
     say("distill: counting one step's FLOPs")
@@ -716,6 +721,9 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None, help="timed training steps a run [default: 3, 2 tiny]")
     parser.add_argument("--warmup-steps", type=int, default=None, help="untimed steps before them [default: 2, 1 tiny]")
     parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--no-compile", action="store_true", help="leave out distill bf16 with --compile (torch.compile "
+                        "of the forward and loss; its compilation is timed apart, in the untimed steps) [default: "
+                        "with it on a GPU, without it with --tiny]")
     parser.add_argument("--json", default=None, help="write every result here (rewritten after each measurement)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     parser.add_argument("--write", action="store_true", help="with --tiny: write BENCHMARKS.md all the same")

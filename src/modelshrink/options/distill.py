@@ -81,6 +81,9 @@ class DistillOptions(TrainOptions):
                             "--student S, or --init-encoder-decoder ENCODER")
         if self.student is not None and self.init_encoder_decoder is not None:
             raise UserError("--student and --init-encoder-decoder exclude each other")
+        if self.fused_cross_entropy and self.compile:
+            raise UserError("--fused-cross-entropy is not compiled (--compile): its chunked loss is not checked under "
+                            "torch.compile; a compiled run takes the plain cross-entropy, so leave it out")
         if self.fused_cross_entropy and self.kd_logits is not None:
             raise UserError(f"--fused-cross-entropy never holds the logits that --kd-logits {self.kd_logits} compares; "
                             "leave it out (the fused loss is on wherever it is exact)")

@@ -85,6 +85,10 @@ class TrainOptions(Options):
                          choices=PRECISIONS)
     gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass: less memory, about a "
                                               "third more time.", panel=SPEED)
+    compile: bool = opt(False, "torch.compile the training step's forward pass and loss (the backward is compiled "
+                               "with it): a graph per batch shape, then shapes marked dynamic; the first steps "
+                               "pay the compilation. Off by default: it pays on a GPU with few shapes, rarely on "
+                               "a CPU.", panel=SPEED)
     report_to: str = opt("none", "Send train_log.jsonl's numbers and the options to trackers: tensorboard, wandb, "
                                  "mlflow (comma-separated) or none. Offline, into the artifact's runs/ (wandb "
                                  "offline unless WANDB_MODE=online; MLflow's file store unless "

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import torch
 from modelshrink.training.checkpoints import (TrainState, latest_checkpoint, load_checkpoint, prune_best,
                                      prune_checkpoints, save_checkpoint, write_best)
 from modelshrink.training.batches import make_batches, process_batches
+from modelshrink.training.train_log import TrainLog
 from modelshrink.errors import UserError
 from modelshrink.options.train import TrainOptions
 
@@ -106,56 +106,11 @@ def enable_gradient_checkpointing(model: Any) -> None:
 def run_facts(accelerator: Any, options: TrainOptions) -> dict[str, Any]:
     """How a run trained, for the manifest's `resolved`: the same keys in every step that trains."""
     return {"device": str(accelerator.device), "processes": accelerator.num_processes,
-            "precision": options.precision, "gradient_checkpointing": options.gradient_checkpointing}
+            "precision": options.precision, "gradient_checkpointing": options.gradient_checkpointing,
+            "compile": options.compile}
 
 
 # ---------------------------------------------------------------- pieces of the loop
-
-class _Log:
-    """train_log.jsonl (main process only) and the throughput of the steps since the last line."""
-
-    def __init__(self, path: Path, main: bool):
-        self.path, self.main = path, main
-        self.window_tokens, self.window_start = 0, time.perf_counter()
-        self.trackers: Any = None  # --report-to's (tracking.Trackers): every line written goes to them too
-
-    def start(self, resumed_at: int | None) -> None:
-        if not self.main or not self.path.exists():
-            return
-        if resumed_at is None:
-            self.path.unlink()
-            return
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:  # torn: the process was killed while writing it
-                break
-            if entry["step"] > resumed_at:  # written after the checkpoint: the resumed run writes it again
-                break
-            kept.append(line)
-        self.path.write_text("".join(line + "\n" for line in kept))
-
-    def write(self, entry: dict[str, Any]) -> None:
-        if self.main:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(entry) + "\n")
-            if self.trackers is not None:
-                self.trackers.log(entry)
-
-    def line(self, state: TrainState, parts: dict[str, float], lr: float, batches: int, total: int,
-             progress: Callable[[dict[str, Any]], None] | None) -> None:
-        """The line of a log step: `parts` are this step's, `window_tokens` those of the steps since the last line."""
-        now = time.perf_counter()
-        rate = self.window_tokens / max(now - self.window_start, 1e-9)
-        entry = {"step": state.step, "epoch": round(state.epoch + state.batch_in_epoch / batches, 4),
-                 "lr": lr, "tokens": self.window_tokens, "seconds": round(now - self.window_start, 4),
-                 "tokens_per_s": round(rate, 1), **{k: round(v, 5) for k, v in parts.items()}}
-        self.write(entry)
-        if self.main and progress:
-            progress({**entry, "total_steps": total})
-        self.window_tokens, self.window_start = 0, now
-
 
 @dataclass
 class _Validation:
@@ -166,7 +121,7 @@ class _Validation:
     options: TrainOptions
     accelerator: Any
     workdir: Path
-    train_log: _Log
+    train_log: TrainLog
     log: Callable[[str], None]
     anchor: int | None = None  # the best step the latest checkpoint names: its weights stay until a newer one
 
@@ -280,7 +235,7 @@ def _accumulate(ddp: Any, micro_batches: list[dict[str, Any]], loss_fn: LossFn, 
             pending.parts.setdefault(name, []).append(torch.as_tensor(value, device=accelerator.device).detach())
 
 
-def _settle(pending: _Pending, accelerator: Any, state: TrainState, train_log: _Log, workdir: Path) -> dict[str, float]:
+def _settle(pending: _Pending, accelerator: Any, state: TrainState, train_log: TrainLog, workdir: Path) -> dict[str, float]:
     """Read what `pending` holds into `state` and the log window, or stop every process if a loss was NaN/inf;
     returns the latest step's mean loss parts."""
     tokens, bad = pending.read(accelerator)
@@ -291,6 +246,21 @@ def _settle(pending: _Pending, accelerator: Any, state: TrainState, train_log: _
     parts = pending.mean_parts()
     state.last_loss = parts.get("loss")
     return parts
+
+
+def compiled(loss_fn: LossFn) -> LossFn:
+    """`loss_fn` (the model's forward pass and the loss) under torch.compile, the backward through its compiled
+    graph; `COMPILE_BACKEND` is torch's default (inductor) unless a test sets another. Inductor draws dropout masks
+    from torch's own generator (`fallback_random`), so that a compiled run repeats the eager run's numbers (a tiny
+    BART's distill losses over 4 steps: equal to 5 decimals; with inductor's own generator they differ from step
+    1) rather than another seed's."""
+    import torch._inductor.config
+
+    torch._inductor.config.fallback_random = True
+    return torch.compile(loss_fn, backend=COMPILE_BACKEND, dynamic=None)
+
+
+COMPILE_BACKEND = "inductor"
 
 
 # ---------------------------------------------------------------- the loop
@@ -319,7 +289,7 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
     model.to(accelerator.device)  # before the optimizer, so restored optimizer state lands on the device
     optimizer = _optimizer(model, options)
     scheduler = _schedule(optimizer, warmup, total)
-    train_log = _Log(workdir / "train_log.jsonl", main)
+    train_log = TrainLog(workdir / "train_log.jsonl", main)
     checkpoint = latest_checkpoint(workdir) if resume else None
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, model, optimizer, scheduler, accelerator.scaler)
@@ -336,6 +306,7 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
     # updates, whatever the number of processes. Checkpoints hold `optimizer`, the torch one inside.
     ddp, stepper = accelerator.prepare(model, optimizer)
     ddp.train()
+    loss_fn = compiled(loss_fn) if options.compile else loss_fn
     validation = (_Validation(validate, save_best, options, accelerator, workdir, train_log, log)
                   if validate is not None else None)
     if validation and main:  # drop the bests a killed run saved after its last checkpoint
@@ -372,7 +343,7 @@ def _start_trackers(options: TrainOptions, workdir: Path, hparams: dict[str, Any
 
 def _loop(ddp: Any, stepper: Any, optimizer: Any, scheduler: Any, state: TrainState, examples: list[dict[str, Any]],
           lengths: list[int], collate: Callable, loss_fn: LossFn, options: TrainOptions, workdir: Path, accelerator: Any,
-          validation: _Validation | None, train_log: _Log, total: int,
+          validation: _Validation | None, train_log: TrainLog, total: int,
           progress: Callable[[dict[str, Any]], None] | None, step_context: Callable[[], Any]) -> None:
     """The steps from `state` to `total` (or an early stop), then the final validation; `state` records them."""
     main = accelerator.is_main_process

@@ -80,7 +80,8 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
     from modelshrink.precision import torch_dtype
 
     need_hidden, need_attention = options.kd_hidden > 0, options.kd_attention > 0
-    fused = options.fused_cross_entropy is not False and options.kd_logits is None  # None: wherever exact
+    # None: wherever exact and checked (not with --kd-logits, which compares the logits; not compiled)
+    fused = options.fused_cross_entropy is not False and options.kd_logits is None and not options.compile
     # The head's matmul in the autocast dtype, as the model's own head runs (autocast ends with the forward).
     compute_dtype = torch_dtype(options.precision)
 
