@@ -121,6 +121,26 @@ def test_sinusoidal_positions_are_made_again_on_load_not_stored(family, tmp_path
             assert torch.equal(before, load_quantized(tmp_path / "q2")(**_inputs(tok)).logits)
 
 
+@pytest.mark.slow
+def test_training_leaves_the_sinusoidal_tables_as_they_are_made(tmp_path, docs_jsonl):
+    """transformers 5's from_pretrained hands Marian's computed position tables back trainable: training moved
+    them by ~1e-4, so distillation-aware quantize stored them in float32 although --budget-mb's plan counted them
+    as recomputed (a 4x budget overrun by exactly the tables). Loaded models keep them frozen, as built ones do."""
+    from safetensors import safe_open
+
+    from conftest import translator
+    from modelshrink.models.loading import load_seq2seq
+
+    float_model = translator("marian", tmp_path / "float")
+    model, _, _ = load_seq2seq(str(float_model))
+    assert not any(p.requires_grad for n, p in model.named_parameters() if "embed_positions" in n)
+    out = quantize(QuantizeOptions(model=str(float_model), data=str(docs_jsonl), bits="2-2-8", max_steps=2,
+                                   batch_size=4, lr=1e-2, device="cpu"), tmp_path / "q")
+    with safe_open(str(out / WEIGHTS_NAME), "pt") as f:
+        assert not any("embed_positions" in k for k in f.keys())
+    assert len(json.loads((out / "config.json").read_text())["quantization_config"]["recomputed"]) == 2
+
+
 def test_attention_maps_for_the_loss_are_taken_before_dropout():
     """DQ-BART's attention loss compares the student's maps with the teacher's: in training they must be the
     maps without attention dropout (the output still uses dropout)."""

@@ -285,9 +285,25 @@ def load_seq2seq(spec: "str | ModelSource", what: str = "teacher", trust_remote_
         return model.to(device).eval(), source.tokenizer(), family
     loader = EncoderDecoderModel if config.model_type == ENCODER_DECODER_TYPE else AutoModelForSeq2SeqLM
     model = source.load(loader.from_pretrained, config=config, trust_remote_code=source.trust_remote_code, **weights)
+    freeze_computed_tables(model)
     tokenizer = source.tokenizer()
     model.to(device).eval()
     return model, tokenizer, family
+
+
+def freeze_computed_tables(model: Any) -> list[str]:
+    """Tables the architecture computes from their shape (a module's `create_weight`: Marian's, Pegasus' and
+    M2M100's sinusoidal positions) are no parameters to train: a freshly built model has them frozen, but
+    `from_pretrained` (transformers 5) hands them back with requires_grad=True, so that training moved them,
+    quantize then had to store them (in float32) although a budget plan counts them as recomputed. Freezes them
+    in place; returns the frozen parameters' names."""
+    frozen = []
+    for prefix, module in model.named_modules():
+        weight = module._parameters.get("weight") if callable(getattr(module, "create_weight", None)) else None
+        if weight is not None and weight.requires_grad:
+            weight.requires_grad_(False)
+            frozen.append(f"{prefix}.weight")
+    return frozen
 
 
 def task_of(config: Any) -> str:
