@@ -1,5 +1,6 @@
 """benchmarks/frontier.py runs end to end on a tiny random BART (--tiny): every deployable form of the chain is
-made, scored against the teacher and measured; a rerun keeps what the first made."""
+made, scored against the teacher and measured; a rerun keeps what the first made. --task translation does the
+same on a tiny Marian, scored by BLEU and chrF; --task chooses its defaults."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ import pytest
 import torch
 from transformers.utils import logging as hf_logging
 
-pytestmark = pytest.mark.slow  # end to end: see CONTRIBUTING.md, the fast loop
-
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "frontier.py"
 # a few small training batches (--max-tokens): the run's plumbing is tested here, not what training buys
 SMALL = ["--tiny", "--no-write", "--student-steps", "1", "--quantize-steps", "1", "--max-tokens", "256", "--docs", "2",
@@ -20,14 +19,22 @@ SMALL = ["--tiny", "--no-write", "--student-steps", "1", "--quantize-steps", "1"
          "--uniform", "", "--budgets", "4x"]  # the tiny teacher at 2 bits is ~5x smaller: a 4x budget mixes
 
 
-def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkeypatch, capsys):
-    # the script's main() in this process (a process of its own would only import torch again); each form's peak
-    # RSS is still measured in a fresh process of its own, as the script does
+FORMS = ["teacher, PyTorch", "teacher, ONNX float32", "student (D 1), ONNX float32", "student (D 1), ONNX --int8",
+         "student (D 1), ONNX --int4", "8-8-8 distillation-aware, ONNX", "2-2-8 distillation-aware, ONNX",
+         "2-2-8 (D 1) distillation-aware, ONNX", "budget 4x distillation-aware, ONNX"]
+
+
+def frontier_module(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH.parent))
     import frontier
 
-    work = tmp_path / "frontier"
-    monkeypatch.setattr(sys, "argv", [str(BENCH), *SMALL, "--work", str(work)])
+    return frontier
+
+
+def run_main(frontier, monkeypatch, capsys, argv: list[str]) -> str:
+    """The script's main() in this process (a process of its own would only import torch again); each form's peak
+    RSS is still measured in a fresh process of its own, as the script does. Its stdout."""
+    monkeypatch.setattr(sys, "argv", [str(BENCH), *argv])
     threads, bars = torch.get_num_threads(), hf_logging.is_progress_bar_enabled()
     try:
         frontier.main()
@@ -35,15 +42,19 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
         torch.set_num_threads(threads)
         if bars:
             hf_logging.enable_progress_bar()
-    stdout = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+@pytest.mark.slow  # end to end: see CONTRIBUTING.md, the fast loop
+def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkeypatch, capsys):
+    frontier = frontier_module(monkeypatch)
+    work = tmp_path / "frontier"
+    stdout = run_main(frontier, monkeypatch, capsys, [*SMALL, "--work", str(work)])
     report = json.loads((work / "frontier.json").read_text())
     forms, results = report["forms"], report["results"]
-    assert list(forms) == ["teacher, PyTorch", "teacher, ONNX float32", "student (D 1), ONNX float32",
-                           "student (D 1), ONNX --int8", "student (D 1), ONNX --int4", "8-8-8 distillation-aware, ONNX",
-                           "2-2-8 distillation-aware, ONNX", "2-2-8 (D 1) distillation-aware, ONNX",
-                           "budget 4x distillation-aware, ONNX"]
+    assert report["task"] == "summarization" and list(forms) == FORMS
     for name, got in results.items():
-        assert set(got["rouge"]) == {"rouge1", "rouge2", "rougeL"} and len(got["ci95"]["rougeL"]) == 2, name
+        assert set(got["scores"]) == {"rouge1", "rouge2", "rougeL"} and len(got["ci95"]["rougeL"]) == 2, name
         assert got["mb"] > 0 and got["rss_mb"] > 0 and got["p50_ms"] > 0 and got["docs_s"] > 0, name
         assert (got["against_teacher"] is None) == (name == "teacher, PyTorch"), name
     # each export against the PyTorch model it came from (students' three exports share one evaluation)
@@ -69,7 +80,87 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     # a rerun keeps every artifact the first run finished (nothing is trained or exported again)
     made = {p: p.stat().st_mtime for p in work.glob("*/modelshrink.json")}
     args = frontier.arguments().parse_args([*SMALL, "--work", str(work)])
-    args.teacher, data = (str(p) for p in frontier.tiny_setup(work))
+    task = frontier.TASKS[args.task]
+    args.teacher, data = (str(p) for p in task.tiny(work, task, args.pair))
     again = frontier.make_forms(args, Path(data) / "train.jsonl.gz", log=lambda message: None)
     assert {name: str(path) for name, (_, path) in again.items()} == {name: path for name, (_, path) in forms.items()}
     assert {p: p.stat().st_mtime for p in work.glob("*/modelshrink.json")} == made
+
+
+@pytest.mark.slow  # end to end: see CONTRIBUTING.md, the fast loop
+def test_frontier_tiny_translation_scores_every_form_by_bleu(tmp_path, monkeypatch, capsys):
+    # a small Marian trained for a few steps on made-up pairs, then every form of it, scored as `eval` scores a
+    # translation (sacreBLEU's BLEU with its interval, chrF) with the translation recipe's search
+    frontier = frontier_module(monkeypatch)
+    work = tmp_path / "frontier-mt"
+    stdout = run_main(frontier, monkeypatch, capsys, ["--task", "translation", *SMALL, "--work", str(work)])
+    report = json.loads((work / "frontier.json").read_text())
+    forms, results = report["forms"], report["results"]
+    assert report["task"] == "translation" and list(forms) == FORMS
+    for name, got in results.items():
+        assert set(got["scores"]) == {"bleu", "chrf"} and len(got["ci95"]["bleu"]) == 2, name
+        assert 0 <= got["scores"]["bleu"] <= 100 and 0 <= got["scores"]["chrf"] <= 100, name
+        assert got["mb"] > 0 and got["rss_mb"] > 0 and got["p50_ms"] > 0 and got["docs_s"] > 0, name
+        # the paired test against the teacher, on BLEU, for every form but the teacher itself
+        assert (got["against_teacher"] is None) == (name == "teacher, PyTorch"), name
+        assert name == "teacher, PyTorch" or 0 < got["against_teacher"]["bleu"] <= 1, name
+        assert "pytorch" in got or name == "teacher, PyTorch", name
+    assert results["teacher, ONNX float32"]["against_teacher"]["bleu"] == 1.0  # the same translations
+    # scored as translations, with the recipe's search (beam 4, up to 128 tokens, no n-gram blocking)
+    manifest = json.loads((work / "eval-teacher" / "modelshrink.json").read_text())
+    assert manifest["metrics"]["task"] == "translation" and manifest["metrics"]["documents"] == 2
+    assert {k: manifest["options"][k] for k in ("num_beams", "max_length", "no_repeat_ngram_size")} == {
+        "num_beams": 4, "max_length": 128, "no_repeat_ngram_size": None}
+    # the recipe's training: target lengths of 128, the fewer-layer 2-2-8 given twice the steps
+    quantized = json.loads((work / "228-6-3" / "modelshrink.json").read_text())["options"]
+    assert quantized["max_steps"] == 2 and quantized["max_target_length"] == 128
+    # the budget form, compared with the uniform form nearest its size on BLEU and chrF
+    budget, = report["budgets"]
+    assert budget["budget"] == "budget 4x distillation-aware, ONNX"
+    assert budget["uniform"] in {"2-2-8 distillation-aware, ONNX", "8-8-8 distillation-aware, ONNX"}
+    assert set(budget["p"]) == {"bleu", "chrf"} and 0 <= budget["p"]["bleu"] <= 1
+    rows = [line for line in stdout.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + len(forms) + 1 + len(forms) - 1 + 1 + 1
+    assert rows[0].startswith("| form | BLEU [95% CI] | chrF | p vs teacher (BLEU) |")
+    verdicts = [line for line in stdout.splitlines() if line.startswith(("Target", "Issue 55's target"))]
+    assert len(verdicts) == 2 and all("within 1.0 BLEU" in line for line in verdicts), verdicts
+    assert "ROUGE" not in stdout
+    # the budget form's quantize artifact within its budget: Marian's sinusoidal tables stay computed, not stored
+    # (they went over it when from_pretrained left them trainable: models.loading.freeze_computed_tables)
+    teacher_mb = sum(p.stat().st_size for p in (work / "teacher").glob("*.safetensors")) / 1e6
+    assert budget["budget_mb"] <= teacher_mb / 4 and stored_position_tables_mb(work / "budget-4x") == 0
+
+
+def stored_position_tables_mb(artifact: Path) -> float:
+    """MB of the position tables a quantize artifact stores (Marian's sinusoids are left out while unchanged)."""
+    from safetensors import safe_open
+
+    from modelshrink.quant.model import WEIGHTS_NAME
+
+    with safe_open(str(artifact / WEIGHTS_NAME), "pt") as f:
+        tables = [f.get_tensor(name) for name in f.keys() if "embed_positions" in name]
+    return sum(t.numel() * t.element_size() for t in tables) / 1e6
+
+
+def test_frontier_task_is_checked_and_brings_its_defaults(monkeypatch, capsys):
+    frontier = frontier_module(monkeypatch)
+    with pytest.raises(SystemExit) as refused:
+        frontier.arguments().parse_args(["--task", "bogus"])
+    assert refused.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err
+    args = frontier.arguments().parse_args(["--task", "translation"])
+    assert Path(args.data).name == "debian-translations" and args.pair == "en-de"
+    assert args.teacher == "runs/repro-mt/teacher" and args.figure.name == "frontier-translation.png"
+    assert args.work == Path("runs/frontier-translation")  # never resumes the summarization run's artifacts
+    assert (args.student_steps, args.quantize_steps, args.max_tokens) == (1200, 600, 4096)
+    # what the command line gives wins, wherever it stands
+    args = frontier.arguments().parse_args(["--quantize-steps", "5", "--task", "translation", "--figure", "f.png"])
+    assert args.quantize_steps == 5 and args.figure == Path("f.png") and args.max_tokens == 4096
+    # summarization keeps its own, and has no language pair
+    args = frontier.arguments().parse_args([])
+    assert args.task == "summarization" and Path(args.data).name == "debian-descriptions" and args.pair is None
+    assert (args.student_steps, args.quantize_steps, args.max_tokens) == (1500, 300, 3072)
+    assert args.teacher == "runs/repro/teacher" and args.figure.name == "frontier.png"
+    assert args.work == Path("runs/frontier")
+    with pytest.raises(SystemExit) as refused:
+        frontier.arguments().parse_args(["--pair", "en-fr"])
+    assert refused.value.code == 2 and "--pair" in capsys.readouterr().err
