@@ -297,9 +297,11 @@ def freeze_computed_tables(model: Any) -> list[str]:
     `from_pretrained` (transformers 5) hands them back with requires_grad=True, so that training moved them,
     quantize then had to store them (in float32) although a budget plan counts them as recomputed. Freezes them
     in place; returns the frozen parameters' names."""
+    from modelshrink.quant.model import computed_tables
+
     frozen = []
-    for prefix, module in model.named_modules():
-        weight = module._parameters.get("weight") if callable(getattr(module, "create_weight", None)) else None
+    for prefix, module in computed_tables(model):
+        weight = module._parameters.get("weight")
         if weight is not None and weight.requires_grad:
             weight.requires_grad_(False)
             frozen.append(f"{prefix}.weight")

@@ -131,17 +131,22 @@ def save_quantized(model: torch.nn.Module, tokenizer: Any, folder: str | os.Path
     return {"quantized_tensors": len(shapes)}
 
 
-def recomputed_tables(model: torch.nn.Module) -> list[str]:
-    """State-dict names of the tables that the architecture computes from their shape alone (a module's
-    `create_weight`: Marian's and Pegasus' sinusoidal positions) and that still hold exactly those values."""
-    names = []
+def computed_tables(model: torch.nn.Module):
+    """(module name, module) of each table the architecture computes from its shape alone (a module's
+    `create_weight`: Marian's and Pegasus' sinusoidal positions)."""
     for prefix, module in model.named_modules():
-        make = getattr(module, "create_weight", None)
-        # `weight` only where there is a table to make: reading a quantized module's weight quantizes it
-        weight = getattr(module, "weight", None) if callable(make) else None
+        if callable(getattr(module, "create_weight", None)):
+            yield prefix, module
+
+
+def recomputed_tables(model: torch.nn.Module) -> list[str]:
+    """State-dict names of the computed tables (`computed_tables`) that still hold exactly the values computed."""
+    names = []
+    for prefix, module in computed_tables(model):
+        weight = getattr(module, "weight", None)  # only a table's: reading a quantized module's weight quantizes it
         if isinstance(weight, torch.Tensor):
             with torch.no_grad():
-                fresh = make()
+                fresh = module.create_weight()
             if fresh.shape == weight.shape and torch.equal(fresh.to(weight.device, weight.dtype), weight.detach()):
                 names.append(f"{prefix}.weight")
     return names

@@ -150,7 +150,7 @@ def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = 
                                log=log)
 
 
-def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, models: Models | None = None, *,
+def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, models: Models, *,
                     overwrite: bool, resume: bool, log: Callable[[str], None]) -> Path:
     """The model as it is, quantized (no training). `resume` keeps a complete output as it is (nothing
     to continue: an interrupted direct run left nothing behind)."""
@@ -163,7 +163,6 @@ def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, mod
     writer = ArtifactWriter(output, overwrite=overwrite)
     writer.check()
     device = resolve_device(options.device)
-    models = models or _check_model(options)[1]
     if kind == "seq2seq":
         model, tokenizer, _ = load_seq2seq(models.model, device=device)
     else:
@@ -236,7 +235,7 @@ def distillation_settings(options: QuantizeOptions) -> DistillOptions:
     return DistillOptions(**values)
 
 
-def quantize_seq2seq(options: QuantizeOptions, output: str | Path, models: Models | None = None, *,
+def quantize_seq2seq(options: QuantizeOptions, output: str | Path, models: Models, *,
                      overwrite: bool, resume: bool,
                      progress: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None]) -> Path:
     """Distillation-aware quantization of a seq2seq model (optionally shrunk at the same time)."""
@@ -252,7 +251,6 @@ def quantize_seq2seq(options: QuantizeOptions, output: str | Path, models: Model
     device = resolve_device(options.device)
     accelerator = run.start(device)
     rows, validation_rows = read_pairs_for(settings)
-    models = models or _check_model(options)[1]
     shrinking = settings.student is None
     built = build_student(settings, device, log, teacher=models.teacher, student=None if shrinking else models.model)
     student, tokenizer = built["student"], built["tokenizer"]
@@ -366,7 +364,7 @@ def _classifier_plan(options: QuantizeOptions, teacher: Any, student: Any, token
                                              run.staging if run.resume else None, run.log, run.accelerator)
 
 
-def quantize_classifier(options: QuantizeOptions, output: str | Path, models: Models | None = None, *,
+def quantize_classifier(options: QuantizeOptions, output: str | Path, models: Models, *,
                         overwrite: bool, resume: bool,
                         progress: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None]) -> Path:
     """Distillation-aware quantization of a sequence classifier: the full-precision classifier teaches
@@ -387,7 +385,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, models: Mo
     if run.finished():
         return run.output
     accelerator = run.start(resolve_device(options.device))
-    teacher, student, tokenizer = _classifier_pair(models or _check_model(options)[1])
+    teacher, student, tokenizer = _classifier_pair(models)
     rows, validation = _classifier_rows(options, student.config)
     task = task_of(student.config)
     layer_map = spaced_layer_ids(encoder_layer_count(teacher.config), encoder_layer_count(student.config), "encoder")
