@@ -647,6 +647,11 @@ def quantize_part(args, model: Path, pairs: Path, work: Path, results: Results) 
                                   **common)
         settings[f"bf16 · quantize {bits}"] = (
             lambda r, o=options, b=bits: modelshrink_train("quantize", o, work / f"quantize-{b}-{r}", args))
+    if not (args.no_compile or args.tiny):  # compiled by inductor: minutes on a CPU
+        options = QuantizeOptions(model=str(model), bits="2-2-8", method="distill", data=str(pairs),
+                                  precision="bf16", compile=True, **common)
+        settings["bf16 · quantize 2-2-8 --compile"] = (
+            lambda r, o=options: modelshrink_train("quantize", o, work / f"quantize-compile-{r}", args))
     started = time.perf_counter()
     interleaved(part, settings, args, results, "quantize")
     part["seconds"] = round(time.perf_counter() - started, 1)
@@ -721,9 +726,9 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None, help="timed training steps a run [default: 3, 2 tiny]")
     parser.add_argument("--warmup-steps", type=int, default=None, help="untimed steps before them [default: 2, 1 tiny]")
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--no-compile", action="store_true", help="leave out distill bf16 with --compile (torch.compile "
-                        "of the forward and loss; its compilation is timed apart, in the untimed steps) [default: "
-                        "with it on a GPU, without it with --tiny]")
+    parser.add_argument("--no-compile", action="store_true", help="leave out distill and quantize 2-2-8 in bf16 "
+                        "with --compile (torch.compile of the forward and loss; its compilation is timed apart, in the "
+                        "untimed steps) [default: with it on a GPU, without it with --tiny]")
     parser.add_argument("--json", default=None, help="write every result here (rewritten after each measurement)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     parser.add_argument("--write", action="store_true", help="with --tiny: write BENCHMARKS.md all the same")

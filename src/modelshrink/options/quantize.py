@@ -82,10 +82,6 @@ class QuantizeOptions(TrainOptions):
                                     "refused by default, since pickles can run code.")
 
     def check(self) -> None:
-        if self.compile:
-            raise UserError("--compile is not offered for quantize yet: a compiled fake-quantized model trains "
-                            "differently from the eager one from its second step (tests/test_compile.py), and "
-                            "quantize keeps today's quantized values; compile distill or contrastive")
         self.spec: Any = parse_bits(self.bits, self.allow_low_activation_bits, self.granularity,
                                     self.activation_clip)
         if self.budget_mb is not None:

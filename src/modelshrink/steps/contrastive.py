@@ -275,7 +275,7 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     if options.gradient_checkpointing:
         enable_gradient_checkpointing(student)
     if teacher is not None:
-        teacher = place_teacher(teacher, accelerator.device, options.precision)
+        teacher = place_teacher(teacher, accelerator.device, options.precision, options.compile)
 
     max_length = source_length(options.max_length, tokenizer, student.config, "--max-length", preferred=128)
     resolved["max_length"] = max_length

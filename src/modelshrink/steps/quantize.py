@@ -400,7 +400,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, models: Mo
         enable_gradient_checkpointing(student)
     if options.kd_attention:
         teacher.set_attn_implementation("eager")  # the student's quantized attention returns its weights
-    teacher = place_teacher(teacher, accelerator.device, options.precision)
+    teacher = place_teacher(teacher, accelerator.device, options.precision, options.compile)
     staging = run.open(parent_refs(("model", options.model), ("data", options.data), ("teacher", options.teacher)))
     if plan is not None and run.main:
         plan.save(staging)

@@ -80,13 +80,29 @@ def _schedule(optimizer: torch.optim.Optimizer, warmup: int, total: int) -> torc
 
 # ---------------------------------------------------------------- precision and memory
 
-def place_teacher(teacher: Any, device: Any, precision: str) -> Any:
+def place_teacher(teacher: Any, device: Any, precision: str, compile: bool = False) -> Any:
     """The frozen teacher on the run's device with its weights in the run's precision (bf16/fp16 halve
     its memory; it is never trained, so it needs no float32 master weights). The losses cast its
-    outputs to float32 where they meet the student's."""
+    outputs to float32 where they meet the student's. With `compile` (it runs inside the compiled step), its
+    output hooks are installed now (`install_output_hooks`)."""
     from modelshrink.precision import torch_dtype
 
+    if compile:
+        install_output_hooks(teacher)
     return teacher.to(device, dtype=torch_dtype(precision)).eval()
+
+
+def install_output_hooks(model: Any) -> None:
+    """Install now the hooks with which transformers collects hidden states and attention maps, on every module of
+    `model` that records them. transformers installs them on the first call that asks for those outputs, under a
+    lock: inside a compiled step that splits the graph and compiles the step again on the next call."""
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY, maybe_install_capturing_hooks
+    except ImportError:  # a transformers that records outputs without hooks
+        return
+    for module in model.modules():
+        if _CAN_RECORD_REGISTRY.get(module):
+            maybe_install_capturing_hooks(module)
 
 
 def enable_gradient_checkpointing(model: Any) -> None:
@@ -276,7 +292,8 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
     `options.report_to`, the main process's trackers get every train_log.jsonl line and `hparams` (the
     step's recorded options; the training options where not given). `step_context()` is entered around each
     optimizer step's forward and backward passes (quantize: `parametrize.cached`, so that each fake-quantized
-    weight is computed once per step, not at every use in every micro-batch)."""
+    weight is computed once per step, not at every use in every micro-batch); not with `options.compile`, where
+    one graph computes each fake-quantized weight once per micro-batch."""
     main, world = accelerator.is_main_process, accelerator.num_processes
     lengths = [e["length"] for e in examples]
     per_epoch = len(make_batches(lengths, options, 0)) // world // options.grad_accum
@@ -306,7 +323,9 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
     # updates, whatever the number of processes. Checkpoints hold `optimizer`, the torch one inside.
     ddp, stepper = accelerator.prepare(model, optimizer)
     ddp.train()
-    loss_fn = compiled(loss_fn) if options.compile else loss_fn
+    if options.compile:  # without step_context: parametrize's cache splits a quantized BART's step into 4 graphs
+        install_output_hooks(model)
+        loss_fn, step_context = compiled(loss_fn), contextlib.nullcontext
     validation = (_Validation(validate, save_best, options, accelerator, workdir, train_log, log)
                   if validate is not None else None)
     if validation and main:  # drop the bests a killed run saved after its last checkpoint

@@ -1,7 +1,9 @@
 """Distillation losses as plain functions of tensors (DQ-BART Appendix B; Hinton et al. 2015 KD).
 
 Masks are 0/1 tensors over positions; a masked-out (padding) position never counts, whatever its
-values (they are dropped before any arithmetic, so even inf/nan there change nothing). With N the
+values (they are left out before any arithmetic, so even inf/nan there change nothing). Eagerly the kept
+positions are taken out (no arithmetic on padding); under torch.compile the masked ones are zeroed instead, so
+that no shape depends on a mask and nothing splits the compiled graph. With N the
 number of counted positions, V the vocabulary, H the hidden size, A the heads:
 
     label_smoothed_cross_entropy = mean over labelled tokens of (1-ε)·(-log p_y) + ε·mean_v(-log p_v)
@@ -27,8 +29,19 @@ import torch
 import torch.nn.functional as F
 
 
-def _mean_over(values: torch.Tensor) -> torch.Tensor:
-    # An all-masked batch gives 0 rather than nan, so one empty batch cannot poison training.
+def _kept(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The positions of `values` [*keep.shape, ...] that `keep` keeps: eagerly `values[keep]`; under torch.compile,
+    where a shape read from a mask would split the graph, `values` with the others set to 0."""
+    if torch.compiler.is_compiling():
+        return values.masked_fill(~keep.reshape(keep.shape + (1,) * (values.dim() - keep.dim())), 0)
+    return values[keep]
+
+
+def _mean_over(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Σ values (per kept position, from `_kept` inputs) / the number of kept positions. An all-masked batch gives
+    0 rather than nan, so one empty batch cannot poison training."""
+    if torch.compiler.is_compiling():
+        return values.sum() / keep.sum().clamp(min=1)
     return values.sum() / max(values.shape[0], 1)
 
 
@@ -36,8 +49,11 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smo
                                  ignore_index: int = -100) -> torch.Tensor:
     """Token-level cross-entropy with label smoothing, averaged over non-ignored tokens."""
     keep = labels != ignore_index
-    logits = logits[keep].float()
-    return _mean_over(F.cross_entropy(logits, labels[keep], label_smoothing=smoothing, reduction="none"))
+    # compiled, every token stays and the ignored ones get 0 from cross_entropy's own ignore_index
+    labels = labels.flatten() if torch.compiler.is_compiling() else labels[keep]
+    losses = F.cross_entropy(_kept(logits, keep).float().flatten(0, -2), labels, ignore_index=ignore_index,
+                             label_smoothing=smoothing, reduction="none")
+    return _mean_over(losses, keep)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -148,18 +164,19 @@ def kd_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torc
           temperature: float = 1.0) -> torch.Tensor:
     """T² · KL(teacher || student) of the temperature-softened distributions, averaged over mask."""
     keep = mask.bool()
-    student = F.log_softmax(student_logits[keep].float() / temperature, dim=-1)
-    teacher = F.log_softmax(teacher_logits[keep].float() / temperature, dim=-1)
-    # T² keeps the gradient scale independent of T (Hinton et al. 2015, section 2).
+    student = F.log_softmax(_kept(student_logits, keep).float() / temperature, dim=-1)
+    teacher = F.log_softmax(_kept(teacher_logits, keep).float() / temperature, dim=-1)
+    # T² keeps the gradient scale independent of T (Hinton et al. 2015, section 2). A zeroed position's two
+    # distributions are the same uniform one, so its KL is exactly 0.
     kl = F.kl_div(student, teacher, log_target=True, reduction="none").sum(-1)
-    return temperature ** 2 * _mean_over(kl)
+    return temperature ** 2 * _mean_over(kl, keep)
 
 
 def kd_mse(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean squared error of the logits over the vocabulary, averaged over mask positions."""
     keep = mask.bool()
-    diff = student_logits[keep].float() - teacher_logits[keep].float()
-    return _mean_over(diff.pow(2).mean(-1))
+    diff = _kept(student_logits, keep).float() - _kept(teacher_logits, keep).float()
+    return _mean_over(diff.pow(2).mean(-1), keep)
 
 
 def _check_layer_map(n_student: int, n_teacher: int, layer_map: Sequence[int]) -> None:
@@ -180,8 +197,8 @@ def hidden_mse(student_hidden: Sequence[torch.Tensor], teacher_hidden: Sequence[
     keep = mask.bool()
     total = student_hidden[0].new_zeros((), dtype=torch.float32)
     for i, t in enumerate(layer_map):
-        diff = student_hidden[i + 1][keep].float() - teacher_hidden[t + 1][keep].float()
-        total = total + _mean_over(diff.pow(2).mean(-1))
+        diff = _kept(student_hidden[i + 1], keep).float() - _kept(teacher_hidden[t + 1], keep).float()
+        total = total + _mean_over(diff.pow(2).mean(-1), keep)
     return total
 
 
@@ -197,6 +214,7 @@ def attention_mse(student_attn: Sequence[torch.Tensor], teacher_attn: Sequence[t
     total = student_attn[0].new_zeros((), dtype=torch.float32)
     for i, t in enumerate(layer_map):
         # heads last, so that the pair mask selects [pairs, heads]
-        diff = student_attn[i].permute(0, 2, 3, 1)[pairs].float() - teacher_attn[t].permute(0, 2, 3, 1)[pairs].float()
-        total = total + _mean_over(diff.pow(2).mean(-1))
+        diff = (_kept(student_attn[i].permute(0, 2, 3, 1), pairs).float()
+                - _kept(teacher_attn[t].permute(0, 2, 3, 1), pairs).float())
+        total = total + _mean_over(diff.pow(2).mean(-1), pairs)
     return total

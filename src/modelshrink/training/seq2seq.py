@@ -184,7 +184,7 @@ def train_seq2seq(options: DistillOptions, built: dict[str, Any], rows: list[Any
             student.set_attn_implementation("eager")
         teacher.set_attn_implementation("eager")
     if teacher is not None and options.word_level:
-        teacher = place_teacher(teacher, accelerator.device, options.precision)
+        teacher = place_teacher(teacher, accelerator.device, options.precision, options.compile)
     else:
         teacher = None  # sequence-level distillation needs no teacher at training time
     tokenized = tokenize_pairs(rows, tokenizer, max_source_length, options.max_target_length)
