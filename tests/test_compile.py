@@ -95,6 +95,25 @@ def test_contrastive_fine_tuning_compiled_trains_as_eager(classifier_path, tmp_p
 
 
 @pytest.mark.slow
+def test_ackd_compiled_trains_as_eager(tmp_path, aot_eager):
+    """ACKD with every term (KD, PT, A-CDL with SAR) and a storage that fills and wraps around within the run: the
+    same losses and weights as eager, in one graph (the storage is read whole under compile, its empty slots
+    labelled -1, so its growing size neither splits the graph nor recompiles it)."""
+    from conftest import bert_tokenizer, save_classifier
+    from modelshrink.steps.contrastive import ContrastiveOptions, contrastive
+
+    torch.manual_seed(0)
+    teacher = save_classifier(tmp_path / "teacher", bert_tokenizer(), layers=4)
+    words = ("good fine great nice", "bad poor awful dull")
+    rows = [{"id": i, "sentence": f"{words[i % 2]} {i}", "label": i % 2} for i in range(32)]
+    data = write_jsonl(tmp_path / "sentiment.jsonl", rows)
+    kw = dict(data=str(data), teacher=str(teacher), layers=2, storage_size=20, max_steps=4, log_every=1, lr=1e-3,
+              batch_size=8, device="cpu")
+    _same_run(contrastive(ContrastiveOptions(**kw), tmp_path / "eager"),
+              contrastive(ContrastiveOptions(**kw, compile=True), tmp_path / "compiled"))
+
+
+@pytest.mark.slow
 def test_quantize_compiled_trains_as_eager(saved_models, pairs, tmp_path, aot_eager):
     """Distillation-aware quantization, ternary and 8-bit groups, the logits and attention terms: the same losses,
     latent weights and integer codes as eager, in one graph a step (without parametrize's weight cache, which

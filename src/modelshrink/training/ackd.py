@@ -128,7 +128,7 @@ def contrastive_loss(z_student: torch.Tensor, z_teacher: torch.Tensor, labels: t
     s = F.normalize(z_student.float(), dim=-1)
     sims = s @ F.normalize(keys.float(), dim=-1).T  # cosines [B, B + S]
     pos = sims.diagonal()  # keys start with the batch's own teacher features
-    negative = labels[:, None] != key_labels[None, :]
+    negative = (labels[:, None] != key_labels[None, :]) & (key_labels[None, :] >= 0)  # -1: an empty storage slot
     # NEG / POS = Σⱼ exp((cos_ij − cos_ii)/τ); −log POS/(POS + NEG) = log(1 + NEG/POS)
     ratio = (torch.exp((sims - pos[:, None]) / tau) * negative).sum(-1)
     if negatives == "mean":
@@ -185,13 +185,16 @@ class FeatureStorage(nn.Module):
         if stacked.shape[1] > self.size:
             stacked, labels = stacked[:, -self.size:], labels[-self.size:]
         n = stacked.shape[1]
-        slots = (int(self.count) + torch.arange(n, device=self.labels.device)) % self.size
+        slots = (self.count + torch.arange(n, device=self.labels.device)) % self.size  # no read from the device
         self.features[:, slots] = stacked
         self.labels[slots] = labels.to(self.labels.device)
         self.count += n
 
     def contents(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stored features [layers, n, d] and labels [n], oldest first."""
+        """Stored features [layers, n, d] and labels [n], oldest first. Under torch.compile, every slot in slot order
+        (one shape, nothing read from the device), the empty ones labelled -1, which no loss takes as a negative."""
+        if torch.compiler.is_compiling():
+            return self.features, self.labels
         n, count = len(self), int(self.count)
         order = (count - n + torch.arange(n, device=self.labels.device)) % self.size
         return self.features[:, order], self.labels[order]
