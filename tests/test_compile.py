@@ -65,10 +65,11 @@ def _distill(pairs, out, **kw):
 
 @pytest.mark.slow
 def test_distill_compiled_trains_as_eager_with_the_plain_cross_entropy(saved_models, pairs, tmp_path, aot_eager):
-    """Hidden-state distillation from a teacher with one decoder layer copied. The fused LM-head loss is a chunked
-    custom-autograd path not checked under torch.compile: a compiled run takes the plain cross-entropy, so it
-    trains as the eager run with --no-fused-cross-entropy."""
-    args = dict(teacher=str(saved_models["bart"]), decoder_layers=1, kd_hidden=1.0)
+    """Distillation with every word-level term (KL on the logits, hidden states, attention) from a teacher with
+    one decoder layer copied. The fused LM-head loss is a chunked custom-autograd path not checked under
+    torch.compile: a compiled run takes the plain cross-entropy, so it trains as the eager run with
+    --no-fused-cross-entropy."""
+    args = dict(teacher=str(saved_models["bart"]), decoder_layers=1, kd_logits="kl", kd_hidden=1.0, kd_attention=1.0)
     _same_run(_distill(pairs, tmp_path / "eager", fused_cross_entropy=False, **args),
               _distill(pairs, tmp_path / "compiled", compile=True, **args))
 
