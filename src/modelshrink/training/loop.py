@@ -323,7 +323,8 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
     # updates, whatever the number of processes. Checkpoints hold `optimizer`, the torch one inside.
     ddp, stepper = accelerator.prepare(model, optimizer)
     ddp.train()
-    if options.compile:  # without step_context: parametrize's cache splits a quantized BART's step into 4 graphs
+    if options.compile:  # without step_context: a weight cached by one micro-batch's compiled graph cannot be
+        # backpropagated through again by the next one's (gradient accumulation), so each graph makes its own
         install_output_hooks(model)
         loss_fn, step_context = compiled(loss_fn), contextlib.nullcontext
     validation = (_Validation(validate, save_best, options, accelerator, workdir, train_log, log)
