@@ -216,6 +216,19 @@ def test_out_of_gpu_memory_is_one_line_naming_the_budget_to_lower(monkeypatch, s
         pseudolabel(_options(saved_models["bart"], docs_jsonl, generator="static", max_tokens=64), tmp_path / "pl")
 
 
+def test_out_of_gpu_memory_in_transformers_generate_is_one_line_too(monkeypatch, saved_models, docs_jsonl, tmp_path):
+    import modelshrink.generation.summarizer as summarizer
+
+    def too_big(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(summarizer, "generate_ids", too_big)
+    with pytest.raises(UserError, match=r"the GPU ran out of memory generating \d+ documents of \d+ tokens × 2 beams: "
+                                        r"lower --batch-size$"):
+        pseudolabel(_options(saved_models["bart"], docs_jsonl, generator="transformers"), tmp_path / "pl")
+    assert not (tmp_path / "pl").exists()
+
+
 @pytest.mark.slow
 def test_eval_with_the_static_search_scores_what_generate_writes(saved_models, docs_jsonl, tmp_path):
     from modelshrink.steps.evaluate import EvalOptions, evaluate

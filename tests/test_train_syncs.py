@@ -198,3 +198,28 @@ def test_two_processes_sum_tokens_and_a_nan_on_one_stops_both(tmp_path):
     assert (saved["tokens"], saved["tokens_since_log"]) == (12, 4)
     assert all("NaN or inf at step 3;" in r[3] for r in results)
     assert _steps(tmp_path / "nan" / "checkpoints") == [] and [e["step"] for e in _log(tmp_path / "nan")] == [2]
+
+
+def test_out_of_gpu_memory_in_a_step_is_one_line_naming_the_options_to_lower(tmp_path, saved_models, monkeypatch):
+    """CUDA's out-of-memory error in a forward or backward pass stops the run with one line naming the batch and
+    the options that make it fit; nothing is written to the output."""
+    from conftest import DOCUMENTS, SUMMARIES, write_jsonl
+    from modelshrink.errors import UserError
+    from modelshrink.options.distill import DistillOptions
+    from modelshrink.steps.distill import distill
+
+    def too_big(model, batch):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    with pytest.raises(UserError, match=r"^the GPU ran out of memory on a batch: lower --max-tokens or --batch-size"):
+        train(_toy(), EXAMPLES, _collate, too_big, _options(max_steps=2), tmp_path / "toy",
+              accelerator=Accelerator(cpu=True))
+    import modelshrink.training.seq2seq as seq2seq
+
+    monkeypatch.setattr(seq2seq, "make_loss", lambda *args: too_big)
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"document": d, "summary": s} for d, s in zip(DOCUMENTS, SUMMARIES)])
+    with pytest.raises(UserError, match=r"on a batch of 4 × \d+ tokens: .*--grad-accum keeps the step's size\), or "
+                                        r"add --gradient-checkpointing$"):
+        distill(DistillOptions(data=str(pairs), student=str(saved_models["bart"]), batch_size=4, max_steps=2,
+                               device="cpu"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

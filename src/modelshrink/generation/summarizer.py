@@ -100,17 +100,17 @@ class Summarizer:
         self._generate_ids(enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device), None, row_lambdas)
 
     def _generate_ids(self, input_ids: Any, mask: Any, seeds: list[int] | None, row_lambdas: list[float]) -> Any:
-        if self.static is None:
-            return generate_ids(self.model, input_ids, mask, self.settings, seeds)
         import torch
 
         try:
+            if self.static is None:
+                return generate_ids(self.model, input_ids, mask, self.settings, seeds)
             return self.static.generate_ids(input_ids, mask, row_lambdas)
         except torch.cuda.OutOfMemoryError:
             raise UserError(f"the GPU ran out of memory generating {input_ids.shape[0]} documents of "
                             f"{input_ids.shape[1]} tokens × {self.settings.num_beams} beams: lower "
-                            f"{'--max-tokens' if self.options.max_tokens else '--batch-size'} (or use "
-                            "--generator transformers)") from None
+                            f"{'--max-tokens' if self.options.max_tokens else '--batch-size'}"
+                            + (" (or use --generator transformers)" if self.static is not None else "")) from None
 
 
 def static_search(model: Any, settings: Any, lambdas: dict[str, float | None], generator: str, what: str,

@@ -232,6 +232,13 @@ def _to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
             if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
+def _out_of_memory(batch: dict[str, Any]) -> str:
+    ids = batch.get("input_ids")
+    shape = f" of {' × '.join(str(n) for n in ids.shape)} tokens" if torch.is_tensor(ids) else ""
+    return (f"the GPU ran out of memory on a batch{shape}: lower --max-tokens or --batch-size (--grad-accum keeps "
+            "the step's size), or add --gradient-checkpointing")
+
+
 def _accumulate(ddp: Any, micro_batches: list[dict[str, Any]], loss_fn: LossFn, accelerator: Any,
                 pending: _Pending, step: int) -> None:
     """Forward and backward over step `step`'s micro-batches (gradients averaged over them); their loss
@@ -244,9 +251,12 @@ def _accumulate(ddp: Any, micro_batches: list[dict[str, Any]], loss_fn: LossFn, 
         sync = micro == n - 1  # DDP averages gradients across processes on the last micro-batch only
         context = accelerator.no_sync(ddp) if not sync and accelerator.num_processes > 1 else contextlib.nullcontext()
         with context:
-            loss, parts = loss_fn(ddp, batch)  # float32 (the losses cast), whatever the autocast dtype
-            pending.saw(loss, step)
-            accelerator.backward(loss / n)
+            try:
+                loss, parts = loss_fn(ddp, batch)  # float32 (the losses cast), whatever the autocast dtype
+                pending.saw(loss, step)
+                accelerator.backward(loss / n)
+            except torch.cuda.OutOfMemoryError:
+                raise UserError(_out_of_memory(batch)) from None
         for name, value in parts.items():
             pending.parts.setdefault(name, []).append(torch.as_tensor(value, device=accelerator.device).detach())
 
