@@ -98,7 +98,12 @@ def _trace(module: torch.nn.Module, args: tuple, path: Path, inputs: list[str], 
 
     module.eval()  # the exporter restores the wrapper's mode afterwards, and a new Module is in training mode
     with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
+        # What tracing these models always says (the export is checked against PyTorch afterwards, which is what
+        # catches a trace that took a wrong branch); any other warning reaches the user.
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        for message in ("You are using the legacy TorchScript-based ONNX export", "The feature will be removed",
+                        "Exporting aten::index operator of advanced indexing"):
+            warnings.filterwarnings("ignore", message=message)
         torch.onnx.export(module, args, str(path), dynamo=False, opset_version=opset, input_names=inputs,
                           output_names=outputs, dynamic_axes=axes, do_constant_folding=True)
 
