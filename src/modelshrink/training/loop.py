@@ -333,9 +333,10 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
     # updates, whatever the number of processes. Checkpoints hold `optimizer`, the torch one inside.
     ddp, stepper = accelerator.prepare(model, optimizer)
     ddp.train()
-    if options.compile:  # without step_context: a weight cached by one micro-batch's compiled graph cannot be
-        # backpropagated through again by the next one's (gradient accumulation), so each graph makes its own
+    if options.compile:
         install_output_hooks(model)
+        # no step_context: a weight cached by one micro-batch's compiled graph cannot be backpropagated through
+        # again by the next one's (gradient accumulation), so each graph makes its own
         loss_fn, step_context = compiled(loss_fn), contextlib.nullcontext
     validation = (_Validation(validate, save_best, options, accelerator, workdir, train_log, log)
                   if validate is not None else None)
