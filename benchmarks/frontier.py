@@ -153,6 +153,7 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
         mb = teacher_mb / float(text[:-1]) if text.endswith("x") else float(text)
         log(f"distillation-aware under a {mb:.2f} MB budget ({text}; {args.quantize_steps} steps)")
         quantized[f"budget-{text}"] = quantize(QuantizeOptions(bits="8-8-8", budget_mb=mb,
+                                                               calibration_examples=args.calibration_examples,
                                                                max_steps=args.quantize_steps, **common),
                                                args.work / f"budget-{text}", resume=True, log=log)
     return quantized
@@ -459,6 +460,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--budgets", type=lambda t: [b for b in t.split(",") if b], default=["10x", "13x"],
                         help="budget forms, comma-separated: MB, or Nx (the teacher's float32 weights over N) "
                         "[default: 10x,13x]")
+    parser.add_argument("--calibration-examples", type=int, default=64, help="training examples each budget form's "
+                        "sensitivity is measured on (quantize --calibration-examples) [default: 64]")
     parser.add_argument("--decoder-layers", type=int, help="the student's and the fewer-layer 2-2-8's [default: half]")
     parser.add_argument("--student-steps", type=int, help="[default: 1500; translation: 1200]")
     parser.add_argument("--quantize-steps", type=int, help="[default: 300; translation: 600, and twice that for the "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -11,6 +12,15 @@ import pytest
 import torch
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`-n 2`) each worker runs torch on one thread, and so do the processes its tests start:
+    two workers of two threads each on 2 cores would fight over them (torch's threads spin while they wait)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
 
 DOCUMENTS = [
     "the quick brown fox jumps over the lazy dog near the river bank",

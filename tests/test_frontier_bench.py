@@ -13,10 +13,11 @@ import torch
 from transformers.utils import logging as hf_logging
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "frontier.py"
-# a few small training batches (--max-tokens): the run's plumbing is tested here, not what training buys
+# a few small training batches (--max-tokens): the run's plumbing is tested here, not what training buys. The tiny
+# teacher at 2 bits is ~5x smaller: a 4x budget mixes bits
 SMALL = ["--tiny", "--no-write", "--student-steps", "1", "--quantize-steps", "1", "--max-tokens", "256", "--docs", "2",
          "--latency-docs", "1", "--throughput-docs", "2", "--rounds", "1", "--no-export-check",
-         "--uniform", "", "--budgets", "4x"]  # the tiny teacher at 2 bits is ~5x smaller: a 4x budget mixes
+         "--uniform", "", "--budgets", "4x", "--calibration-examples", "8"]
 
 
 FORMS = ["teacher, PyTorch", "teacher, ONNX float32", "student (D 1), ONNX float32", "student (D 1), ONNX --int8",
@@ -72,6 +73,8 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     budget, = report["budgets"]
     teacher_mb = sum(p.stat().st_size for p in (work / "teacher").glob("*.safetensors")) / 1e6
     assert budget["budget"] == "budget 4x distillation-aware, ONNX" and budget["budget_mb"] <= teacher_mb / 4
+    # measured on --calibration-examples of the training data
+    assert json.loads((work / "budget-4x" / "modelshrink.json").read_text())["options"]["calibration_examples"] == 8
     assert budget["uniform"] in {"2-2-8 distillation-aware, ONNX", "8-8-8 distillation-aware, ONNX"}
     assert 0 <= budget["p"]["rougeL"] <= 1
     rows = [line for line in stdout.splitlines() if line.startswith("| ")]

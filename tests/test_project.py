@@ -22,7 +22,7 @@ def _readme_commands():
 def test_readme_opens_with_the_two_setup_commands_and_ci_runs_the_test_one():
     main_job, tests = _readme_commands()[:2]
     assert main_job.endswith("modelshrink quickstart --overwrite")
-    assert tests.endswith("python -m pytest -q")
+    assert tests.endswith("python -m pytest -q -n 2")
     assert tests in (ROOT / ".ci" / "run").read_text()
 
 
