@@ -233,7 +233,9 @@ def generate_loop(model, tokenizer, data: Path, max_tokens: int, args) -> dict:
     from modelshrink.generation.settings import plan_batches
     from modelshrink.options.pseudolabel import PseudolabelOptions
 
-    batch_size = PseudolabelOptions.__dataclass_fields__["batch_size"].default  # pseudolabel's window of batches
+    # pseudolabel's window of batches: the count its --batch-size resolves to (older versions: the field's default)
+    batch_size = getattr(PseudolabelOptions, "BATCH_SIZE", None) or PseudolabelOptions.__dataclass_fields__[
+        "batch_size"].default
     device = torch.device(args.device)
     baseline = fresh_peak(args.device) - weights_bytes(model)
     summaries: dict[int, str] = {}

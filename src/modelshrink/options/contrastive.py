@@ -59,7 +59,12 @@ class ContrastiveOptions(TrainOptions):
     predictor_layers: int = opt(2, "Depth of the SAR predictor MLP [2, 3, 4].", panel=LOSS, min=1)
     label_bins: int | None = opt(None, "Regression labels: equal-width bins used as classes by the contrastive "
                                        "term.", panel=LOSS, min=2)
-    batch_size: int = opt(32, "Sentences per batch and process [8, 16, 32].", panel=OPT, min=1)
+    # a count on every device: ACKD's negatives are the batch's other sentences (options/batching.py)
+    BATCH_SIZE: ClassVar[int] = 32
+    GPU_MAX_TOKENS: ClassVar[int | None] = None
+
+    batch_size: int | None = opt(None, "Sentences per batch and process [8, 16, 32]; a count on a GPU too (ACKD's "
+                                       "negatives are the batch's other sentences). [default: 32]", panel=OPT, min=1)
     warmup_ratio: float = opt(0.1, "Warmup as a share of all steps.", panel=OPT, min=0, below=1)
     validation: str | None = opt(None, "Labelled validation data (accuracy, F1, MCC; Pearson for regression).",
                                  panel=VAL, metavar="DATA")

@@ -53,7 +53,8 @@ class DistillOptions(TrainOptions):
                                                  "chunks of tokens, never holding the [tokens, vocabulary] logits "
                                                  "(the same loss). Not with --kd-logits, which compares the logits. "
                                                  "[default: on wherever it is exact]", panel=SPEED)
-    batch_size: int = opt(16, "Pairs per batch and process.", panel=OPT, min=1)
+    batch_size: int | None = opt(None, "Pairs per batch and process. [default: 16; on a GPU, --max-tokens 4096 "
+                                       "instead]", panel=OPT, min=1)
     validation: str | None = opt(None, "Validation pairs, scored by ROUGE, BLEU and chrF.", panel=VAL, metavar="DATA")
     eval_limit: int | None = opt(200, "Validation documents used.", panel=VAL, min=1)
     metric: str = opt("rouge2", "Keep the checkpoint best by this (bleu, chrf: sacreBLEU's, for translation).",

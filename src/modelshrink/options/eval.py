@@ -45,7 +45,8 @@ class EvalOptions(TemperatureOptions):
     allow_empty: bool = opt(False, "Score the outputs even when every one is empty (refused otherwise: all-empty "
                                    "outputs mean a translator without --target-lang or a broken model, not a "
                                    "score).", panel=SCORE)
-    batch_size: int = opt(16, "Batch size (throughput is measured at it).", panel=GEN, min=1)
+    batch_size: int | None = opt(None, "Batch size (throughput is measured at it). [default: 16; on a GPU, "
+                                       "--max-tokens 16384 instead]", panel=GEN, min=1)
     split: str | None = opt(None, f"Split of {SPLITS}.", panel=COLS)
     text_column: str | None = opt(None, "Document / sentence column. [default: auto]", panel=COLS)
     summary_column: str | None = opt(None, "MODEL DATA: the gold summary column. [default: auto]", panel=COLS)

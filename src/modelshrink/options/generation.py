@@ -3,6 +3,8 @@ attention temperature and the attention statistics taken under it."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from modelshrink.errors import UserError
 from modelshrink.options import Options, opt, options_class
 from modelshrink.precision import PRECISIONS
@@ -23,10 +25,17 @@ class GenerationOptions(Options):
     max_source_length: int | None = opt(None, "Truncate documents to this many tokens. [default: the smaller of the "
                                               "tokenizer's model_max_length and the model's positions]", panel=GEN,
                                         min=1)
-    batch_size: int = opt(16, "Documents per batch (sorted by length).", panel=GEN, min=1)
+    # --batch-size left out: this many documents a batch on a CPU; on a GPU, --max-tokens GPU_MAX_TOKENS instead
+    # (options/batching.py)
+    BATCH_SIZE: ClassVar[int] = 16
+    GPU_MAX_TOKENS: ClassVar[int | None] = 16_384
+
+    batch_size: int | None = opt(None, "Documents per batch (sorted by length). [default: 16; on a GPU, --max-tokens "
+                                       "16384 instead]", panel=GEN, min=1)
     max_tokens: int | None = opt(None, "Batch by a padded-token budget instead: length-sorted documents packed up to "
                                        "N source tokens per batch (longest × count). A document longer than N is "
-                                       "truncated to N tokens, with a warning naming it.", panel=GEN, min=1)
+                                       "truncated to N tokens, with a warning naming it. [default: 16384 on a GPU "
+                                       "unless --batch-size is given; none on a CPU]", panel=GEN, min=1)
     dtype: str = opt("fp32", "Run the model in fp32, bf16 or fp16 (fp16 needs a GPU; bf16 runs on a CPU, slowly).",
                      panel=GEN, choices=PRECISIONS)
     generator: str = opt("auto", "Who runs the search: 'static' (fixed shapes, preallocated caches, one CUDA graph "

@@ -58,7 +58,8 @@ class QuantizeOptions(TrainOptions):
     kd_hidden: float = opt(1.0, "Weight of the hidden-state MSE.", panel=TRAIN, min=0)
     kd_attention: float = opt(1.0, "Weight of the attention MSE.", panel=TRAIN, min=0)
     label_smoothing: float = opt(0.0, "Label smoothing of the task loss.", panel=TRAIN, min=0, below=1)
-    batch_size: int = opt(16, "Examples per batch and process.", panel=OPT, min=1)
+    batch_size: int | None = opt(None, "Examples per batch and process. [default: 16; on a GPU, --max-tokens 4096 "
+                                       "instead]", panel=OPT, min=1)
     validation: str | None = opt(None, "Validation data (ROUGE, BLEU, chrF for seq2seq; accuracy/F1/MCC for "
                                        "classifiers).",
                                  panel=VAL, metavar="DATA")

@@ -57,6 +57,10 @@ class TrainOptions(Options):
 
     GOES_WITH: ClassVar[dict[str, str]] = {"tracking_dir": "report_to",
                                            **{name: "validation" for name in VALIDATION_ONLY}}
+    # --batch-size left out: this many examples a micro-batch on a CPU; on a GPU, --max-tokens GPU_MAX_TOKENS
+    # instead (options/batching.py)
+    BATCH_SIZE: ClassVar[int] = 16
+    GPU_MAX_TOKENS: ClassVar[int | None] = 4096
 
     lr: float = opt(5e-5, "Peak learning rate (AdamW).", panel=OPT, above=0)
     beta1: float = opt(0.9, "AdamW β1.", panel=OPT, min=0, below=1)
@@ -67,8 +71,12 @@ class TrainOptions(Options):
     warmup_ratio: float = opt(0.0, "Warmup as a share of all steps.", panel=OPT, min=0, below=1)
     max_grad_norm: float = opt(1.0, "Gradient clipping (0 = off).", panel=OPT, min=0)
     grad_accum: int = opt(1, "Gradient accumulation steps.", panel=OPT, min=1)
-    batch_size: int = opt(16, "Examples per batch and process.", panel=OPT, min=1)
-    max_tokens: int | None = opt(None, "Batch by a padded-token budget instead of a count.", panel=OPT, min=1)
+    batch_size: int | None = opt(None, "Examples per batch and process. [default: 16; on a GPU, --max-tokens 4096 "
+                                       "instead]", panel=OPT, min=1)
+    max_tokens: int | None = opt(None, "Batch by a padded-token budget instead of a count: length-sorted examples "
+                                       "packed up to N source tokens a micro-batch (longest × count). [default: "
+                                       "4096 on a GPU unless --batch-size is given; none on a CPU]", panel=OPT,
+                                 min=1)
     max_steps: int | None = opt(None, "Optimizer steps; 0 writes the initialized model untrained.", panel=OPT, min=0)
     epochs: float | None = opt(None, "Epochs (when --max-steps is not given).", panel=OPT, above=0)
     seed: int = opt(0, "Seed of data order, dropout and new weights.", panel=OPT)

@@ -21,6 +21,7 @@ from modelshrink.training.ackd import ACKDObjective, feature_layer_pairs, layer_
 from modelshrink.errors import UserError
 from modelshrink.families import encoder_layer_count
 from modelshrink.metrics.names import CLASSIFICATION_METRICS
+from modelshrink.options.batching import resolve_batching
 from modelshrink.options.contrastive import ContrastiveOptions
 from modelshrink.training.runs import TrainingRun, parent_refs, save_best_with, training_metrics
 from modelshrink.training.loop import enable_gradient_checkpointing, place_teacher, train
@@ -251,6 +252,7 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     from modelshrink.training import classify
     from modelshrink.models.loading import resolve_device, save_model, source_length, task_of
 
+    options = resolve_batching(options, resolve_device(options.device))
     run = TrainingRun("contrastive", options, output, overwrite=overwrite, resume=resume, log=log)
     if run.finished():
         return run.output

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from modelshrink._version import __version__
+from modelshrink.options.batching import resolve_batching
 from modelshrink.options.distill import DistillOptions
 from modelshrink.training.runs import TrainingRun, parent_refs
 from modelshrink.training.seq2seq import read_pairs_for, train_seq2seq
@@ -41,10 +42,11 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     """
     from modelshrink.models.loading import resolve_device, save_model, source_length
 
+    device = resolve_device(options.device)
+    options = resolve_batching(options, device)
     run = TrainingRun("distill", options, output, overwrite=overwrite, resume=resume, log=log)
     if run.finished():
         return run.output
-    device = resolve_device(options.device)
     accelerator = run.start(device)
     rows, validation_rows = read_pairs_for(options)
     built = build_student(options, device, log)

@@ -58,6 +58,19 @@ def _check_task_options(task: str, options: EvalOptions, what: str) -> None:
             raise UserError(f"{flag} applies to {kind}, but {what} is a {task} task")
 
 
+def _as_run(options: EvalOptions) -> EvalOptions:
+    """The options as this evaluation runs them: an eval artifact's predictions, and the batches of the device it
+    runs on (options/batching.py). An export folder runs on the CPU runtime in batches of a count; a predictions
+    file is read, not batched."""
+    from modelshrink.models.loading import resolve_device
+    from modelshrink.options.batching import resolve_batching
+    from modelshrink.runtime.files import is_export
+
+    options = _predictions_of_eval_artifact(options)
+    pytorch = options.model is not None and not is_export(options.model)
+    return resolve_batching(options, resolve_device(options.device) if pytorch else "cpu")
+
+
 def _predictions_of_eval_artifact(options: EvalOptions) -> EvalOptions:
     """Scoring an eval artifact (no model) scores its predictions.jsonl: re-test a finished evaluation
     against another one without generating again."""
@@ -96,7 +109,7 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
     from modelshrink.training.runs import finished, open_run
 
     output = Path(output)
-    options = _predictions_of_eval_artifact(options)
+    options = _as_run(options)
     if (output / "metrics.json").is_file() and finished(output, overwrite=overwrite, resume=resume, log=log,
                                                           recorded=options.recorded()):
         return output, json.loads((output / "metrics.json").read_text())

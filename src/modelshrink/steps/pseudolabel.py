@@ -20,6 +20,7 @@ from modelshrink.generation import shards
 from modelshrink.artifacts import RUN_FILE, ArtifactWriter, parent_ref
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
+from modelshrink.options.batching import resolve_batching
 from modelshrink.options.pseudolabel import PseudolabelOptions
 from modelshrink.precision import check_precision
 from modelshrink.training.runs import finished, open_run
@@ -43,8 +44,11 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
                                                         num_beams=4), "labels")
     ```
     """
+    from modelshrink.models.loading import resolve_device
+
     log = log or (lambda message: None)
     output = Path(output)
+    options = resolve_batching(options, resolve_device(options.device))
     if (output / "data.jsonl").is_file() and finished(output, overwrite=overwrite, resume=resume, log=log,
                                                         recorded=options.recorded()):
         return output

@@ -22,6 +22,7 @@ from modelshrink.cards import commit_model
 from modelshrink.errors import UserError
 from modelshrink.metrics.names import CLASSIFIER_METRICS, SEQ2SEQ_METRICS
 from modelshrink.models.loading import ModelSource
+from modelshrink.options.batching import resolve_batching
 from modelshrink.options.distill import DistillOptions
 from modelshrink.options.quantize import QuantizeOptions
 from modelshrink.quant.model import save_quantized
@@ -140,6 +141,12 @@ def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = 
                                  "student-228")
     ```
     """
+    from modelshrink.models.loading import resolve_device
+
+    if options.method == "distill":
+        options = resolve_batching(options, resolve_device(options.device))
+    elif options.budget_mb is not None:  # direct: only the budget's calibration sample is batched, by a count
+        options = resolve_batching(options, "cpu")
     kind, models = _check_model(options)
     if options.method == "direct":
         return quantize_direct(options, output, kind, models, overwrite=overwrite, resume=resume, log=log)
