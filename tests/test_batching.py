@@ -102,3 +102,19 @@ def test_a_labelling_run_records_its_token_budget(saved_models, docs_jsonl, tmp_
     recorded = read_manifest(labels)["options"]
     assert (recorded["batch_size"], recorded["max_tokens"]) == (16, 16_384)
     assert len((labels / "data.jsonl").read_text().splitlines()) == 4
+
+
+@pytest.mark.parametrize("flag, expected", [(None, "cuda"), ("False", "cuda"), ("True", "cpu"), ("1", "cpu")])
+def test_auto_is_the_cpu_under_accelerate_launch_cpu_on_a_gpu_machine(monkeypatch, flag, expected):
+    # `accelerate launch --cpu` sets ACCELERATE_USE_CPU; accelerate then runs on the CPU, and so must the batching
+    import torch
+
+    from modelshrink.models.loading import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    if flag is None:
+        monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    else:
+        monkeypatch.setenv("ACCELERATE_USE_CPU", flag)
+    assert resolve_device("auto") == expected
+    assert resolve_device("cpu") == "cpu"

@@ -378,9 +378,12 @@ def tokenizer_mismatch(a: Any, b: Any) -> str | None:
 
 
 def resolve_device(device: str) -> str:
+    """`--device` as a run uses it: auto is CUDA where there is one, except under `accelerate launch --cpu`."""
     import torch
 
     if device == "auto":
+        if os.environ.get("ACCELERATE_USE_CPU", "").strip().lower() in ("1", "true", "yes", "y", "on"):
+            return "cpu"
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {device} was asked for but no CUDA device is available")
