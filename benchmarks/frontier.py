@@ -15,9 +15,11 @@ finished one):
   2-2-8, fewer layers       the same with D decoder layers; --reuse DIR takes them from recipes/dq-bart-debian.sh's
                             folder (888-6-6, 228-6-6, 228-6-3) instead of training them
   --uniform (3-3-8, 4-4-8)  more uniform bits, all layers, the same steps (issue 55)
-  --budgets (10x, 13x)      `quantize --budget-mb`: each layer group's bits chosen from measured sensitivity under a
-                            budget (MB, or Nx: the teacher's float32 weights over N), the same steps; each is also
-                            compared with the uniform form nearest its size (paired permutation test, `eval --compare`)
+  --budgets (10x, 13x,      `quantize --budget-mb`: each layer group's bits chosen from measured sensitivity under a
+   10x:D)                   budget (MB, or Nx: the teacher's float32 weights over N; `:D` with D decoder layers, as
+                            the fewer-layer 2-2-8, which is what a 5x batch-1 speed-up needs), the same steps; each is
+                            also compared with the uniform form of its depth nearest its size (paired permutation
+                            test, `eval --compare`)
 Then each form, on the first --docs validation documents (beam 4, no repeated trigram, sources <= 128 tokens,
 summaries <= 32): ROUGE-1/2/L with 95% intervals and a paired permutation test against the teacher (`eval`,
 resumable), and ROUGE-L against the PyTorch model each export was made from (is it in that model's interval?),
@@ -46,6 +48,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -149,14 +152,47 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
         quantized[name] = quantize(QuantizeOptions(bits=bits, decoder_layers=layers, max_steps=steps, **common),
                                    args.work / name, resume=True, log=log)
     teacher_mb = weight_mb("torch", teacher)
-    for text in args.budgets:
-        mb = teacher_mb / float(text[:-1]) if text.endswith("x") else float(text)
-        log(f"distillation-aware under a {mb:.2f} MB budget ({text}; {args.quantize_steps} steps)")
-        quantized[f"budget-{text}"] = quantize(QuantizeOptions(bits="8-8-8", budget_mb=mb,
-                                                               calibration_examples=args.calibration_examples,
-                                                               max_steps=args.quantize_steps, **common),
-                                               args.work / f"budget-{text}", resume=True, log=log)
+    for text in budgets(args, fewer):
+        size, layers = budget_of(text)
+        mb = teacher_mb / float(size[:-1]) if size.endswith("x") else float(size)
+        steps = args.quantize_steps * (task.fewer_steps if layers else 1)  # as the uniform form of its depth
+        log(f"distillation-aware under a {mb:.2f} MB budget ({text}; {steps} steps)")
+        quantized[budget_folder(text)] = quantize(
+            QuantizeOptions(bits="8-8-8", budget_mb=mb, decoder_layers=layers,
+                            calibration_examples=args.calibration_examples, max_steps=steps, **common),
+            args.work / budget_folder(text), resume=True, log=log)
     return quantized
+
+
+def budgets(args: argparse.Namespace, fewer: int) -> list[str]:
+    """--budgets, or the default: 10x and 13x with every layer, and 10x with the fewer decoder layers."""
+    return args.budgets if args.budgets is not None else ["10x", "13x", f"10x:{fewer}"]
+
+
+def budget_of(text: str) -> tuple[str, int | None]:
+    """"10x" -> ("10x", None); "10x:3" -> ("10x", 3): the size, and the decoder layers (None: the teacher's)."""
+    size, _, layers = text.partition(":")
+    return size, int(layers) if layers else None
+
+
+def budget_list(text: str) -> list[str]:
+    """--budgets' value: "10x,13x,10x:3" -> its items, each MB or Nx, with :D (decoder layers) or without."""
+    items = [b.strip() for b in text.split(",") if b.strip()]
+    for item in items:
+        if not re.fullmatch(r"(\d+(\.\d+)?)x?(:[1-9]\d*)?", item):
+            raise argparse.ArgumentTypeError(f"{item!r} is not a budget: MB (15, 19.5) or Nx (10x), optionally "
+                                             "with :D decoder layers (10x:3)")
+    return items
+
+
+def budget_folder(text: str) -> str:
+    size, layers = budget_of(text)
+    return f"budget-{size}" + (f"-d{layers}" if layers else "")
+
+
+def budget_name(text: str) -> str:
+    size, layers = budget_of(text)
+    return f"budget {size}" + (f" (D {layers})" if layers else "") + " distillation-aware, ONNX"
 
 
 def exported(args: argparse.Namespace, model: Path, name: str, log, **flags) -> Path:
@@ -198,8 +234,8 @@ def make_forms(args: argparse.Namespace, train: Path, log) -> dict[str, tuple[st
         "2-2-8 distillation-aware, ONNX": onnx(quantized["228-6-6"], "228"),
         f"2-2-8 (D {fewer}) distillation-aware, ONNX": onnx(quantized["228-6-3"], "228-fewer"),
         **{f"{bits} distillation-aware, ONNX": onnx(quantized[name], name) for name, bits, _ in uniform},
-        **{f"budget {text} distillation-aware, ONNX": onnx(quantized[f"budget-{text}"], f"budget-{text}")
-           for text in args.budgets},
+        **{budget_name(text): onnx(quantized[budget_folder(text)], budget_folder(text))
+           for text in budgets(args, fewer)},
     }
 
 
@@ -276,20 +312,25 @@ def artifact_mb(form: Path) -> float:
 
 def budget_against_uniform(forms: dict[str, tuple[str, Path]], results: dict[str, dict], args: argparse.Namespace,
                            log) -> list[dict]:
-    """Each budget form against the uniform-bits form (all layers) nearest its size, on the same rows: the task's
-    metrics and a paired permutation test (`eval --compare` on the two eval artifacts, nothing generated again)."""
+    """Each budget form against the uniform-bits form of its depth (all layers, or the fewer-layer 2-2-8) nearest its
+    size, on the same rows: the task's metrics and a paired permutation test (`eval --compare` on the two eval
+    artifacts, nothing generated again)."""
     from modelshrink.evaluation.compare import compare
 
     metrics = TASKS[args.task].metrics
-    uniform = {name: artifact_mb(path) for name, (_, path) in forms.items()
-               if name.split(" ")[0] in [*args.uniform, "2-2-8", "8-8-8"] and "(D " not in name}
+
+    def depth(name: str) -> str:  # "(D 3)", or "" for every layer
+        return name[name.index("(D "):name.index(")") + 1] if "(D " in name else ""
+
     found = []
     for name, (_, path) in forms.items():
         if not name.startswith("budget "):
             continue
+        uniform = {u: artifact_mb(p) for u, (_, p) in forms.items()
+                   if u.split(" ")[0] in [*args.uniform, "2-2-8", "8-8-8"] and depth(u) == depth(name)}
         size = artifact_mb(path)
         nearest = min(uniform, key=lambda u: abs(uniform[u] - size))
-        out = args.work / f"compare-{name.split(' ')[1]}"
+        out = args.work / f"compare-{path.name.removeprefix('onnx-')}"
         log(f"{name} ({size:.2f} MB) against {nearest} ({uniform[nearest]:.2f} MB)")
         _, report = compare([results[nearest]["eval"], results[name]["eval"]], out, overwrite=True)
         p = report["systems"][1]["p_vs_first"]
@@ -300,7 +341,7 @@ def budget_against_uniform(forms: dict[str, tuple[str, Path]], results: dict[str
 
 
 def budget_table(rows: list[dict], task: Task) -> list[str]:
-    lines = ["| budget form | artifact MB | uniform form nearest in size | artifact MB | "
+    lines = ["| budget form | artifact MB | uniform form of its depth nearest in size | artifact MB | "
              + "".join(f"Δ {task.label(k)} | " for k in task.metrics) + f"p ({task.short}) |",
              "|" + "---|" * (5 + len(task.metrics))]
     for r in rows:
@@ -457,9 +498,9 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--student", help="a student to reuse instead of distilling one")
     parser.add_argument("--uniform", type=lambda t: [b for b in t.split(",") if b], default=["3-3-8", "4-4-8"],
                         help="more uniform W-E-A forms, all layers, comma-separated ('' for none) [default: 3-3-8,4-4-8]")
-    parser.add_argument("--budgets", type=lambda t: [b for b in t.split(",") if b], default=["10x", "13x"],
-                        help="budget forms, comma-separated: MB, or Nx (the teacher's float32 weights over N) "
-                        "[default: 10x,13x]")
+    parser.add_argument("--budgets", type=budget_list,
+                        help="budget forms, comma-separated: MB, or Nx (the teacher's float32 weights over N), each "
+                        "with :D for D decoder layers ('' for none) [default: 10x,13x,10x:D, D: --decoder-layers]")
     parser.add_argument("--calibration-examples", type=int, default=64, help="training examples each budget form's "
                         "sensitivity is measured on (quantize --calibration-examples) [default: 64]")
     parser.add_argument("--decoder-layers", type=int, help="the student's and the fewer-layer 2-2-8's [default: half]")
@@ -500,7 +541,8 @@ def report(args: argparse.Namespace, results: dict[str, dict], budgets: list[dic
         *table(results, task), "", verdict(results, task), "", verdict_budget(results, task), "",
         f"Each exported form against the PyTorch model it was exported from, on the same {task.rows}:", "",
         *pytorch_table(results, task),
-        *(["", "Each budget form against the uniform-bits form nearest its size (sizes: the quantize artifacts, "
+        *(["", "Each budget form against the uniform-bits form of its depth nearest its size (sizes: the quantize "
+           "artifacts, "
            f"which the budget bounds; same steps and data), paired permutation test on the same {task.rows}:", "",
            *budget_table(budgets, task)] if budgets else [])])
 

@@ -18,11 +18,14 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "frontier.py"
 SMALL = ["--tiny", "--no-write", "--student-steps", "1", "--quantize-steps", "1", "--max-tokens", "256", "--docs", "2",
          "--latency-docs", "1", "--throughput-docs", "2", "--rounds", "1", "--no-export-check",
          "--uniform", "", "--budgets", "4x", "--calibration-examples", "8"]
+# summarization's run also has a budget form with fewer decoder layers (the issue's 5x speed-up needs them)
+SUMMARIZATION = [*SMALL[:-3], "4x,4x:1", *SMALL[-2:]]
 
 
 FORMS = ["teacher, PyTorch", "teacher, ONNX float32", "student (D 1), ONNX float32", "student (D 1), ONNX --int8",
          "student (D 1), ONNX --int4", "8-8-8 distillation-aware, ONNX", "2-2-8 distillation-aware, ONNX",
          "2-2-8 (D 1) distillation-aware, ONNX", "budget 4x distillation-aware, ONNX"]
+DEPTH_BUDGET = "budget 4x (D 1) distillation-aware, ONNX"
 
 
 def frontier_module(monkeypatch):
@@ -50,10 +53,10 @@ def run_main(frontier, monkeypatch, capsys, argv: list[str]) -> str:
 def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkeypatch, capsys):
     frontier = frontier_module(monkeypatch)
     work = tmp_path / "frontier"
-    stdout = run_main(frontier, monkeypatch, capsys, [*SMALL, "--work", str(work)])
+    stdout = run_main(frontier, monkeypatch, capsys, [*SUMMARIZATION, "--work", str(work)])
     report = json.loads((work / "frontier.json").read_text())
     forms, results = report["forms"], report["results"]
-    assert report["task"] == "summarization" and list(forms) == FORMS
+    assert report["task"] == "summarization" and list(forms) == [*FORMS, DEPTH_BUDGET]
     for name, got in results.items():
         assert set(got["scores"]) == {"rouge1", "rouge2", "rougeL"} and len(got["ci95"]["rougeL"]) == 2, name
         assert got["mb"] > 0 and got["rss_mb"] > 0 and got["p50_ms"] > 0 and got["docs_s"] > 0, name
@@ -61,7 +64,7 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     # each export against the PyTorch model it came from (students' three exports share one evaluation)
     pytorch = {name: got["pytorch"] for name, got in results.items() if "pytorch" in got}
     assert set(pytorch) == set(forms) - {"teacher, PyTorch"}
-    assert pytorch["teacher, ONNX float32"]["within"] and len({t["path"] for t in pytorch.values() if "path" in t}) == 5
+    assert pytorch["teacher, ONNX float32"]["within"] and len({t["path"] for t in pytorch.values() if "path" in t}) == 6
     # the teacher exported to float32 summarizes as the teacher does: a paired test of identical scores gives p = 1
     assert results["teacher, ONNX float32"]["against_teacher"]["rougeL"] == 1.0
     # each form's own process: the runtime's (no torch) holds far less than PyTorch's
@@ -69,20 +72,26 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     mb = {name: got["mb"] for name, got in results.items()}
     assert mb["2-2-8 distillation-aware, ONNX"] < mb["8-8-8 distillation-aware, ONNX"] < mb["teacher, ONNX float32"]
     assert mb["2-2-8 (D 1) distillation-aware, ONNX"] < mb["2-2-8 distillation-aware, ONNX"]
-    # the budget form: its quantize artifact within the budget, compared with the uniform form nearest its size
-    budget, = report["budgets"]
+    # the budget forms: each quantize artifact within the budget, compared with the uniform form of its depth
+    # nearest its size
+    budget, shallow = report["budgets"]
     teacher_mb = sum(p.stat().st_size for p in (work / "teacher").glob("*.safetensors")) / 1e6
     assert budget["budget"] == "budget 4x distillation-aware, ONNX" and budget["budget_mb"] <= teacher_mb / 4
     # measured on --calibration-examples of the training data
     assert json.loads((work / "budget-4x" / "modelshrink.json").read_text())["options"]["calibration_examples"] == 8
     assert budget["uniform"] in {"2-2-8 distillation-aware, ONNX", "8-8-8 distillation-aware, ONNX"}
     assert 0 <= budget["p"]["rougeL"] <= 1
+    # the fewer-layer budget form: 1 decoder layer, against the fewer-layer 2-2-8 (the one uniform form that deep)
+    assert shallow["budget"] == DEPTH_BUDGET and shallow["budget_mb"] <= teacher_mb / 4
+    assert shallow["uniform"] == "2-2-8 (D 1) distillation-aware, ONNX" and 0 <= shallow["p"]["rougeL"] <= 1
+    assert json.loads((work / "budget-4x-d1" / "modelshrink.json").read_text())["options"]["decoder_layers"] == 1
+    assert mb[DEPTH_BUDGET] < mb["budget 4x distillation-aware, ONNX"]
     rows = [line for line in stdout.splitlines() if line.startswith("| ")]
-    assert len(rows) == 1 + len(forms) + 1 + len(pytorch) + 1 + 1
+    assert len(rows) == 1 + len(forms) + 1 + len(pytorch) + 1 + 2
     assert ("Target met" in stdout or "Target not met" in stdout) and "Issue 55's target" in stdout
     # a rerun keeps every artifact the first run finished (nothing is trained or exported again)
     made = {p: p.stat().st_mtime for p in work.glob("*/modelshrink.json")}
-    args = frontier.arguments().parse_args([*SMALL, "--work", str(work)])
+    args = frontier.arguments().parse_args([*SUMMARIZATION, "--work", str(work)])
     task = frontier.TASKS[args.task]
     args.teacher, data = (str(p) for p in task.tiny(work, task, args.pair))
     again = frontier.make_forms(args, Path(data) / "train.jsonl.gz", log=lambda message: None)
@@ -163,6 +172,15 @@ def test_frontier_task_is_checked_and_brings_its_defaults(monkeypatch, capsys):
     assert args.task == "summarization" and Path(args.data).name == "debian-descriptions" and args.pair is None
     assert (args.student_steps, args.quantize_steps, args.max_tokens) == (1500, 300, 3072)
     assert args.teacher == "runs/repro/teacher" and args.figure.name == "frontier.png"
+    # the budgets: 10x and 13x with every layer, 10x with the fewer decoder layers; MB or Nx, :D for depth
+    assert args.budgets is None and frontier.budgets(args, 3) == ["10x", "13x", "10x:3"]
+    assert frontier.arguments().parse_args(["--budgets", "15,10x:2"]).budgets == ["15", "10x:2"]
+    assert [frontier.budget_folder(t) for t in ("15", "10x:2")] == ["budget-15", "budget-10x-d2"]
+    assert frontier.budget_name("10x:2") == "budget 10x (D 2) distillation-aware, ONNX"
+    for bad in ("10x:a", "tenx", "10x:0", "-5"):
+        with pytest.raises(SystemExit):
+            frontier.arguments().parse_args(["--budgets", bad])
+        assert "is not a budget" in capsys.readouterr().err
     assert args.work == Path("runs/frontier")
     with pytest.raises(SystemExit) as refused:
         frontier.arguments().parse_args(["--pair", "en-fr"])
