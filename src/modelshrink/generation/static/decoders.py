@@ -11,11 +11,13 @@ The step reads the model's own modules and weights (no copy): PLATE's fixed λ, 
 weights for the duration of a run, is seen as it is; a per-document λ is a row scale the caller passes
 as a device tensor (the forward hooks that apply it in transformers' path are not called here).
 
-Two layouts are written here: BART-style layers (BART, mBART, Pegasus, Marian and M2M100/NLLB, which differ
+Three layouts are written here: BART-style layers (BART, mBART, Pegasus, Marian and M2M100/NLLB, which differ
 in where the layer norms sit and how positions and embeddings are scaled; those differences are read off
-the model — `positions_of` runs the model's own position module once — not tabled by hand), and T5's (T5
+the model — `positions_of` runs the model's own position module once — not tabled by hand), T5's (T5
 v1.0 and v1.1, mT5: RMS norms before each block, unscaled attention with a relative position bias that the
-first layer computes and every layer adds, a plain or gated feed-forward).
+first layer computes and every layer adds, a plain or gated feed-forward), and BERT's as the decoder of an
+EncoderDecoderModel (bert2bert, and RoBERTa halves: embeddings summed with a token type and normalised, layer
+norms after each block, a transform before the tied LM head).
 """
 
 from __future__ import annotations
@@ -30,27 +32,43 @@ from torch import nn
 PRE_NORM = ("mbart", "pegasus", "m2m_100")
 BART_TYPES = ("bart", "mbart", "pegasus", "marian", "m2m_100")
 T5_TYPES = ("t5", "mt5")
-STATIC_TYPES = BART_TYPES + T5_TYPES
+ENCODER_DECODER = "encoder-decoder"  # EncoderDecoderModel, with a decoder of BERT_HALVES
+BERT_HALVES = ("bert", "roberta")
+STATIC_TYPES = BART_TYPES + T5_TYPES + (ENCODER_DECODER,)
 
 
 def unsupported(model: Any) -> str | None:
     """Why this model's decoder cannot run here (None: it can)."""
     model_type = model.config.model_type
     if model_type not in STATIC_TYPES:
-        return (f"{model_type} models are not written for it (BART, mBART, Pegasus, Marian, M2M100, T5 and mT5 "
-                "are)")
+        return (f"{model_type} models are not written for it (BART, mBART, Pegasus, Marian, M2M100, T5, mT5 and "
+                "bert2bert are)")
     decoder = model.get_decoder()
-    layers = decoder.block if model_type in T5_TYPES else decoder.layers
+    if model_type == ENCODER_DECODER:
+        half = decoder.config.model_type
+        if half not in BERT_HALVES:
+            return f"an EncoderDecoderModel with a {half} decoder is not written for it (BERT and RoBERTa are)"
+        if getattr(decoder.config, "position_embedding_type", "absolute") != "absolute":
+            return "its decoder's relative position embeddings are not written for it"
+    layers = decoder.block if model_type in T5_TYPES else \
+        _bert_body(decoder).encoder.layer if model_type == ENCODER_DECODER else decoder.layers
     linears = [m for layer in layers for m in layer.modules() if isinstance(m, nn.Linear)]
     if any(type(m) is not nn.Linear or parametrized(m) for m in linears):
         return "its linear layers are quantized or replaced"
     return None
 
 
-def decoder_for(model: Any, max_length: int, pad_token: int) -> "BartDecoder | T5Decoder":
+def decoder_for(model: Any, max_length: int, pad_token: int) -> "BartDecoder | T5Decoder | BertDecoder":
     if model.config.model_type in T5_TYPES:
         return T5Decoder(model, max_length)
+    if model.config.model_type == ENCODER_DECODER:
+        return BertDecoder(model, max_length, pad_token)
     return BartDecoder(model, max_length, pad_token)
+
+
+def _bert_body(decoder: nn.Module) -> nn.Module:
+    """The BertModel (RobertaModel) inside a BertLMHeadModel (RobertaForCausalLM)."""
+    return getattr(decoder, decoder.base_model_prefix)
 
 
 def parametrized(module: nn.Module) -> bool:
@@ -103,6 +121,19 @@ class Caches:
             "source_mask": torch.zeros(documents, 1, 1, source, device=device, dtype=torch.bool),
         }
 
+    def _fill_source(self, buffers: dict[str, torch.Tensor], memory: torch.Tensor, mask: torch.Tensor,
+                     projections: list[tuple[nn.Linear, nn.Linear]]) -> None:
+        """Every layer's cross-attention keys and values from the encoder's output [documents, source, d_model]
+        (`projections`: each layer's key and value projections), the source mask, and empty self-attention caches."""
+        documents, source = memory.shape[:2]
+        for i, pair in enumerate(projections):
+            for name, projection in zip(("cross_k", "cross_v"), pair):
+                value = F.linear(memory, projection.weight, projection.bias)
+                buffers[name][i].copy_(value.view(documents, source, self.heads, self.head_dim).transpose(1, 2))
+        buffers["source_mask"].copy_(mask.bool()[:, None, None, :])
+        buffers["self_k"].zero_()
+        buffers["self_v"].zero_()
+
     def reorder(self, buffers: dict[str, torch.Tensor], rows: torch.Tensor) -> None:
         """The self-attention caches follow their beams: row r takes row `rows[r]`'s keys and values."""
         for name in ("self_k", "self_v"):
@@ -154,15 +185,8 @@ class BartDecoder(Caches):
 
     def start(self, buffers: dict[str, torch.Tensor], memory: torch.Tensor, mask: torch.Tensor) -> None:
         """Fill the cross-attention keys and values from the encoder's output [documents, source, d_model]."""
-        documents, source = memory.shape[:2]
-        for i, layer in enumerate(self.layers):
-            attention = layer.encoder_attn
-            for name, projection in (("cross_k", attention.k_proj), ("cross_v", attention.v_proj)):
-                value = F.linear(memory, projection.weight, projection.bias)
-                buffers[name][i].copy_(value.view(documents, source, self.heads, self.head_dim).transpose(1, 2))
-        buffers["source_mask"].copy_(mask.bool()[:, None, None, :])
-        buffers["self_k"].zero_()
-        buffers["self_v"].zero_()
+        self._fill_source(buffers, memory, mask, [(layer.encoder_attn.k_proj, layer.encoder_attn.v_proj)
+                                                  for layer in self.layers])
 
     def step(self, buffers: dict[str, torch.Tensor], tokens: torch.Tensor, position: torch.Tensor,
              self_scale: torch.Tensor | None = None, cross_scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -245,19 +269,12 @@ class T5Decoder(Caches):
         return buffers
 
     def start(self, buffers: dict[str, torch.Tensor], memory: torch.Tensor, mask: torch.Tensor) -> None:
-        documents, source = memory.shape[:2]
-        for i, block in enumerate(self.blocks):
-            attention = block.layer[1].EncDecAttention
-            for name, projection in (("cross_k", attention.k), ("cross_v", attention.v)):
-                value = F.linear(memory, projection.weight, projection.bias)
-                buffers[name][i].copy_(value.view(documents, source, self.heads, self.head_dim).transpose(1, 2))
-        buffers["source_mask"].copy_(mask.bool()[:, None, None, :])
+        self._fill_source(buffers, memory, mask, [(block.layer[1].EncDecAttention.k, block.layer[1].EncDecAttention.v)
+                                                  for block in self.blocks])
         # the class's compute_bias: under a per-document λ plate patches the instance's to scale rows; here the
         # step scales them (fixed λ is folded into the bias weights, which this reads)
         bias = type(self.relative).compute_bias(self.relative, self.max_length, self.max_length)
         buffers["bias"].copy_(bias)
-        buffers["self_k"].zero_()
-        buffers["self_v"].zero_()
 
     def step(self, buffers: dict[str, torch.Tensor], tokens: torch.Tensor, position: torch.Tensor,
              self_scale: torch.Tensor | None = None, cross_scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -314,6 +331,85 @@ class T5Decoder(Caches):
         else:
             x = ff.act(_linear(ff.wi, x))
         return _linear(ff.wo, x.to(ff.wo.weight.dtype))
+
+
+class BertDecoder(Caches):
+    """One step of a BERT-layout decoder (an EncoderDecoderModel's, with cross attention) over the caches it holds
+    for a shape (the same interface as BartDecoder)."""
+
+    def __init__(self, model: Any, max_length: int, pad_token: int):
+        self.model = model
+        decoder = model.get_decoder()
+        body = _bert_body(decoder)
+        self.layers = list(body.encoder.layer)
+        embeddings = body.embeddings
+        self.embed, self.norm_embedding = embeddings.word_embeddings, embeddings.LayerNorm
+        # the positions and token type 0 the embeddings add to a token at each step, as its own forward adds them;
+        # RoBERTa's count from its padding index, which a padding token itself gets as its position
+        self.positions = self._positions(embeddings, max_length, 0 if pad_token != 0 else 1)
+        padding = getattr(embeddings, "padding_idx", None) if decoder.config.model_type == "roberta" else None
+        self.pad_token = padding
+        self.pad_position = None if padding is None else \
+            (embeddings.position_embeddings.weight[padding] + embeddings.token_type_embeddings.weight[0]).detach()
+        # the transform (dense, activation, layer norm) before the tied head: BERT's module, RoBERTa's inline
+        head = decoder.cls.predictions.transform if hasattr(decoder, "cls") else decoder.lm_head
+        self.transform = head if hasattr(decoder, "cls") else \
+            (lambda x: head.layer_norm(F.gelu(_linear(head.dense, x))))
+        self.head = model.get_output_embeddings()
+        # EncoderDecoderModel projects the encoder's states where the halves' widths differ
+        self.project = getattr(model, "enc_to_dec_proj", None)
+        attention = self.layers[0].attention.self
+        self.heads, self.head_dim = attention.num_attention_heads, attention.attention_head_size
+        self.scaling = self.head_dim ** -0.5
+        self.max_length = max_length
+        self.dtype = self.embed.weight.dtype
+
+    @staticmethod
+    def _positions(embeddings: nn.Module, length: int, token: int) -> torch.Tensor:
+        """Position plus token-type embeddings [length, hidden] of steps 0..length-1: the embeddings' forward over
+        `length` copies of `token` (not padding), less the word embeddings, before its layer norm."""
+        seen: dict[str, torch.Tensor] = {}
+        handle = embeddings.LayerNorm.register_forward_pre_hook(lambda module, args: seen.update(summed=args[0]))
+        try:
+            ids = torch.full((1, length), token, dtype=torch.long, device=embeddings.word_embeddings.weight.device)
+            with torch.inference_mode():
+                embeddings(input_ids=ids)
+        finally:
+            handle.remove()
+        return (seen["summed"] - embeddings.word_embeddings(ids)).reshape(length, -1).clone()
+
+    def start(self, buffers: dict[str, torch.Tensor], memory: torch.Tensor, mask: torch.Tensor) -> None:
+        if self.project is not None:
+            memory = self.project(memory)
+        self._fill_source(buffers, memory, mask, [(layer.crossattention.self.key, layer.crossattention.self.value)
+                                                  for layer in self.layers])
+
+    def step(self, buffers: dict[str, torch.Tensor], tokens: torch.Tensor, position: torch.Tensor,
+             self_scale: torch.Tensor | None = None, cross_scale: torch.Tensor | None = None) -> torch.Tensor:
+        rows = tokens.shape[0]
+        documents = buffers["cross_k"].shape[1]
+        beams = rows // documents
+        positions = self.positions.index_select(0, position)[None]
+        if self.pad_position is not None:
+            positions = torch.where((tokens == self.pad_token)[:, None, None], self.pad_position, positions)
+        hidden = self.norm_embedding(self.embed(tokens)[:, None, :] + positions)
+        filled = (torch.arange(self.max_length, device=tokens.device) <= position)[None, None, None, :]
+        split = (rows, 1, self.heads, self.head_dim)
+        for i, layer in enumerate(self.layers):
+            attention, out = layer.attention.self, layer.attention.output
+            query = self._query(_linear(attention.query, hidden), self_scale).view(split).transpose(1, 2)
+            keys, values = buffers["self_k"][i], buffers["self_v"][i]
+            keys.index_copy_(2, position, _linear(attention.key, hidden).view(split).transpose(1, 2))
+            values.index_copy_(2, position, _linear(attention.value, hidden).view(split).transpose(1, 2))
+            read = F.scaled_dot_product_attention(query, keys, values, attn_mask=filled, scale=self.scaling)
+            hidden = out.LayerNorm(_linear(out.dense, read.transpose(1, 2).reshape(rows, 1, -1)) + hidden)
+            cross, out = layer.crossattention.self, layer.crossattention.output
+            read = self._read_source(cross.query, out.dense, hidden, buffers, i, documents, beams, cross_scale,
+                                     self.scaling)
+            hidden = out.LayerNorm(read + hidden)
+            inner = layer.intermediate.intermediate_act_fn(_linear(layer.intermediate.dense, hidden))
+            hidden = layer.output.LayerNorm(_linear(layer.output.dense, inner) + hidden)
+        return F.linear(self.transform(hidden[:, 0]), self.head.weight, self.head.bias)
 
 
 def _linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
