@@ -210,11 +210,12 @@ def test_interrupted_cli_run_resumes(saved_models, docs_jsonl, tmp_path, monkeyp
             raise KeyboardInterrupt
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(pl, "generate_ids", flaky)
+    monkeypatch.setattr(pl, "generate_ids", flaky)  # transformers' generate (the static search's resume: test_staticgen)
     out = tmp_path / "pl"
-    first = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", out, "--batch-size", "4")
+    args = ("--batch-size", "4", "--generator", "transformers")
+    first = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", out, *args)
     assert first.exit_code == 130 and "--resume" in first.stderr and not out.exists()
-    second = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", out, "--batch-size", "4", "--resume")
+    second = invoke("pseudolabel", saved_models["bart"], docs_jsonl, "-o", out, *args, "--resume")
     assert second.exit_code == 0, second.stderr
     assert len(read_rows(out)) == 12 and calls["n"] == 1 + 1 + 2  # batch 1, the interrupt, batches 2 and 3
 

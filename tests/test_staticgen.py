@@ -228,13 +228,20 @@ def test_what_it_does_not_take_is_said():
     assert "bad_words_ids" in why_not(model, settings)
 
 
-def test_auto_on_a_cpu_is_transformers_and_says_nothing(saved_models, docs_jsonl, tmp_path):
+def test_auto_on_a_cpu_is_the_static_search_where_it_applies(saved_models, docs_jsonl, tmp_path):
+    """On a CPU too `auto` takes the static search (eagerly: faster than generate's loop, the same ids), saying
+    nothing; where it cannot run, one line says why and generate runs; `transformers` is generate, silently."""
     from modelshrink.generation.summarizer import Summarizer
 
     said = []
     options = _options(saved_models["bart"], docs_jsonl)
-    assert Summarizer(options, options.teacher, "teacher", "cpu", log=said.append).static is None
-    assert said == []
+    static = Summarizer(options, options.teacher, "teacher", "cpu", log=said.append).static
+    assert static is not None and not static.cuda and said == []
+    plain = _options(saved_models["bart"], docs_jsonl, generator="transformers")
+    assert Summarizer(plain, plain.teacher, "teacher", "cpu", log=said.append).static is None and said == []
+    sampling = _options(saved_models["bart"], docs_jsonl, do_sample=True)
+    assert Summarizer(sampling, sampling.teacher, "teacher", "cpu", log=said.append).static is None
+    assert len(said) == 1 and "static search is not used for teacher" in said[0] and "sampling" in said[0]
 
 
 def test_auto_on_a_gpu_says_in_one_line_why_a_model_takes_generate(monkeypatch, saved_models, docs_jsonl):
@@ -247,7 +254,7 @@ def test_auto_on_a_gpu_says_in_one_line_why_a_model_takes_generate(monkeypatch, 
     said = []
     s = resolve_generation(model.generation_config)
     assert summarizer.static_search(model, s, FIXED, "auto", "teacher b2b", said.append) is None
-    assert len(said) == 1 and ("static GPU search is not used for teacher b2b: the model's generation config sets "
+    assert len(said) == 1 and ("static search is not used for teacher b2b: the model's generation config sets "
                                "repetition_penalty=1.2") in said[0]
     sampling = resolve_generation(model.generation_config, do_sample=True)
     bart, _ = build("bart")

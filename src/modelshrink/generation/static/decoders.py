@@ -134,10 +134,12 @@ class Caches:
         buffers["self_k"].zero_()
         buffers["self_v"].zero_()
 
-    def reorder(self, buffers: dict[str, torch.Tensor], rows: torch.Tensor) -> None:
-        """The self-attention caches follow their beams: row r takes row `rows[r]`'s keys and values."""
+    def reorder(self, buffers: dict[str, torch.Tensor], rows: torch.Tensor, written: int | None = None) -> None:
+        """The self-attention caches follow their beams: row r takes row `rows[r]`'s keys and values. `written`
+        (eager runs only, where the host knows it): only the first `written` positions hold anything yet, so only
+        they move; a captured graph moves the whole cache (fixed shapes, no host read)."""
         for name in ("self_k", "self_v"):
-            cache = buffers[name]
+            cache = buffers[name] if written is None else buffers[name][:, :, :, :written]
             cache.copy_(cache.index_select(1, rows))
 
     def _read_source(self, query_proj: nn.Linear, out_proj: nn.Linear, x: torch.Tensor,

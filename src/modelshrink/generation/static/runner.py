@@ -141,12 +141,14 @@ class StaticSearch:
         self.shapes[key] = shape
         return shape
 
-    def _step(self, shape: Shape) -> None:
+    def _step(self, shape: Shape, written: int | None = None) -> None:
+        """One decoder step and beam update. `written`: the positions the caches hold after it (an eager run on the
+        CPU passes it, so the reorder moves only those; a captured graph cannot read it)."""
         state = shape.state
         logits = self.decoder.step(shape.buffers, state.tokens, state.length - 1, shape.self_scale, shape.cross_scale)
         state.update(logits)
         if state.reorder_rows is not None:
-            self.decoder.reorder(shape.buffers, state.reorder_rows)
+            self.decoder.reorder(shape.buffers, state.reorder_rows, written)
 
     def _start(self, shape: Shape, memory: torch.Tensor, mask: torch.Tensor, row_lambdas: list[float] | None) -> None:
         documents = memory.shape[0]
@@ -197,7 +199,7 @@ class StaticSearch:
             if shape.graph is not None:
                 shape.graph.replay()
             else:
-                self._step(shape)
+                self._step(shape, None if self.cuda else step + 1)
             if (not self.cuda or (step + 1) % CHECK_EVERY == 0) and not bool(shape.state.go_on):
                 break
         return shape.state.result()
