@@ -264,9 +264,8 @@ def pseudolabel_part(args, model: Path, work: Path, results: Results) -> str:
 
     data = document_file(args, work)
     has_generator = "generator" in PseudolabelOptions.__dataclass_fields__
+    # auto is the static search wherever the model allows it (a CPU too), so it stands for it
     systems = {"modelshrink (generator auto)": "auto"} if has_generator else {"modelshrink": None}
-    if has_generator and not args.device.startswith("cuda"):  # auto is transformers' generate off a GPU: the static
-        systems["modelshrink (generator static)"] = "static"  # search then gets a row of its own (its CPU parity)
     if has_generator:
         systems["modelshrink (generator transformers)"] = "transformers"
     systems["plain generate"] = "plain"

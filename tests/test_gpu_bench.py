@@ -31,10 +31,10 @@ def test_gpu_throughput_tiny_run_measures_every_setting(tmp_path):
     # each part's table travels in the JSON too (`--publish` writes a remote run's into BENCHMARKS.md)
     assert {name: table["failures"] for name, table in got["tables"].items()} == dict.fromkeys(got["parts"], 0)
 
-    # pseudolabel: fp32 and bf16 at both token budgets, modelshrink (each generator where the option exists: on a
-    # CPU, auto is transformers' generate, so the static search has a row of its own) and the plain generate loop,
-    # each with its warm-up pass apart from the timed round
-    systems = ([f"modelshrink (generator {g})" for g in ("auto", "static", "transformers")]
+    # pseudolabel: fp32 and bf16 at both token budgets, modelshrink (each generator where the option exists: auto
+    # is the static search, on a CPU too) and the plain generate loop, each with its warm-up pass apart from the
+    # timed round
+    systems = ([f"modelshrink (generator {g})" for g in ("auto", "transformers")]
                if "generator" in PseudolabelOptions.__dataclass_fields__ else ["modelshrink"]) + ["plain generate"]
     pseudolabel = got["pseudolabel"]
     expected = {f"{dtype} · {budget} · {system}" for dtype in ("fp32", "bf16") for budget in (128, 512)
