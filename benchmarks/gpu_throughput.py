@@ -14,8 +14,8 @@ built by `scale_out.py`'s `bart_model` (no hub, no downloads). Three parts:
   tokenizer) of the same --docs documents of the bundled Debian sample, beam 4, every summary exactly --length
   tokens (min_length = max_length), sources <= --max-source-length tokens; fp32 and bf16 at each --max-tokens.
   Where `PseudolabelOptions` has a `generator` option, modelshrink runs twice: `generator="auto"` (a
-  static-shape CUDA-graph beam search on CUDA) and `generator="transformers"` (its old path); off a GPU, where
-  auto is transformers' generate, `generator="static"` runs too. docs/s is the
+  static-shape beam search: CUDA graphs on CUDA, the same step eagerly on a CPU) and `generator="transformers"`
+  (its old path). docs/s is the
   generation loop (pseudolabel's manifest `seconds_this_run`; the plain loop timed around the same work:
   tokenizing, batching, generating, decoding). fp32 parity: how many summaries are equal, as strings, to the
   plain loop's (target >= 99%).
