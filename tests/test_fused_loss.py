@@ -43,18 +43,25 @@ def _unfused(smoothing):
     return loss
 
 
-def _fused(smoothing, chunk):
+def _fused(smoothing, chunk, drop=None):
     def loss(hidden, weight, bias, labels):
-        return linear_cross_entropy(hidden, weight, bias, labels, label_smoothing=smoothing, chunk_tokens=chunk)
+        return linear_cross_entropy(hidden, weight, bias, labels, label_smoothing=smoothing, chunk_tokens=chunk,
+                                    drop_ignored=drop)
     return loss
+
+
+# drop_ignored: True takes the ignored tokens out first (a device read: the CPU's default), False weighs them 0 with
+# every token going through (no device read: the GPU's default); both must be the unfused loss
+DROP = pytest.mark.parametrize("drop", [True, False], ids=["dropped", "weighed-0"])
 
 
 @pytest.mark.parametrize("chunk", [5, 7, 64, 4096])  # of 65 counted tokens: 13 × 5; 9 × 7 + 2; 64 + 1; one short chunk
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("bias", [True, False])
-def test_float32_loss_and_gradients_equal_the_unfused_head(chunk, smoothing, bias):
+@DROP
+def test_float32_loss_and_gradients_equal_the_unfused_head(chunk, smoothing, bias, drop):
     problem = _problem(bias=bias)
-    loss, grads = _loss_and_grads(_fused(smoothing, chunk), *problem)
+    loss, grads = _loss_and_grads(_fused(smoothing, chunk, drop), *problem)
     want_loss, want_grads = _loss_and_grads(_unfused(smoothing), *problem)
     assert loss.dtype == torch.float32
     torch.testing.assert_close(loss, want_loss, rtol=1e-6, atol=1e-6)
@@ -67,10 +74,11 @@ def test_float32_loss_and_gradients_equal_the_unfused_head(chunk, smoothing, bia
 
 
 @pytest.mark.parametrize("chunk", [7, 4096])
-def test_bf16_autocast_loss_and_gradients_are_close_to_the_unfused_head(chunk):
+@DROP
+def test_bf16_autocast_loss_and_gradients_are_close_to_the_unfused_head(chunk, drop):
     problem = _problem()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss, grads = _loss_and_grads(_fused(0.1, chunk), *problem)
+        loss, grads = _loss_and_grads(_fused(0.1, chunk, drop), *problem)
         want_loss, want_grads = _loss_and_grads(_unfused(0.1), *problem)
     assert loss.dtype == torch.float32 and all(g.dtype == torch.float32 for g in grads)  # the leaves' own dtypes
     torch.testing.assert_close(loss, want_loss, rtol=1e-2, atol=1e-2)
@@ -81,20 +89,39 @@ def test_bf16_autocast_loss_and_gradients_are_close_to_the_unfused_head(chunk):
     assert loss != fp32_loss
 
 
-def test_ignored_tokens_change_nothing_and_none_gives_zero():
+@DROP
+def test_ignored_tokens_change_nothing_and_none_gives_zero(drop):
     hidden, weight, bias, labels = _problem()
-    loss, grads = _loss_and_grads(_fused(0.1, 7), hidden, weight, bias, labels)
+    loss, grads = _loss_and_grads(_fused(0.1, 7, drop), hidden, weight, bias, labels)
     poisoned = hidden.detach().clone()
-    poisoned[labels == -100] = float("nan")  # padding positions: dropped before any arithmetic
+    poisoned[labels == -100] = float("nan")  # padding positions: dropped, or weighed 0, before any arithmetic
     poisoned.requires_grad_()
-    loss2, grads2 = _loss_and_grads(_fused(0.1, 7), poisoned, weight, bias, labels)
+    loss2, grads2 = _loss_and_grads(_fused(0.1, 7, drop), poisoned, weight, bias, labels)
     assert torch.equal(loss, loss2) and torch.equal(grads[1], grads2[1]) and torch.equal(grads[2], grads2[2])
     assert torch.equal(grads2[0][labels == -100], torch.zeros(9, 16))
-    empty, empty_grads = _loss_and_grads(_fused(0.1, 7), hidden, weight, bias, torch.full_like(labels, -100))
+    empty, empty_grads = _loss_and_grads(_fused(0.1, 7, drop), hidden, weight, bias, torch.full_like(labels, -100))
     assert float(empty.detach()) == 0.0 and all(float(g.abs().sum()) == 0.0 for g in empty_grads)
     with torch.no_grad():
-        again = linear_cross_entropy(hidden, weight, bias, labels, label_smoothing=0.1, chunk_tokens=7)
+        again = linear_cross_entropy(hidden, weight, bias, labels, label_smoothing=0.1, chunk_tokens=7,
+                                     drop_ignored=drop)
     assert torch.equal(again, loss)
+
+
+def test_off_a_gpu_the_ignored_tokens_are_dropped_and_on_one_weighed_without_a_device_read(monkeypatch):
+    """The default follows the device: dropping needs the count of kept tokens on the host (a boolean index), a
+    wait for a GPU every micro-batch; there every token goes through. Checked on the CPU: the weighed path traces
+    whole under torch.compile (fullgraph fails on any read of a device value), the dropping one cannot."""
+    hidden, weight, bias, labels = _problem()
+    assert torch.equal(linear_cross_entropy(hidden, weight, bias, labels),
+                       linear_cross_entropy(hidden, weight, bias, labels, drop_ignored=True))  # the CPU's default
+    torch._dynamo.reset()
+    weighed = torch.compile(_fused(0.0, 7, False), backend="eager", fullgraph=True)
+    torch.testing.assert_close(weighed(hidden, weight, bias, labels), _fused(0.0, 7, False)(hidden, weight, bias,
+                                                                                             labels))
+    dropped = torch.compile(_fused(0.0, 7, True), backend="eager", fullgraph=True)
+    with pytest.raises(Exception):  # data-dependent shape: a graph break, refused under fullgraph
+        dropped(hidden, weight, bias, labels)
+    torch._dynamo.reset()
 
 
 # ---------------------------------------------------------------- the head of each family

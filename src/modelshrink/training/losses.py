@@ -58,24 +58,37 @@ def label_smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smo
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                          labels: torch.Tensor, *, ignore_index: int = -100, label_smoothing: float = 0.0,
-                         chunk_tokens: int = 4096, compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+                         chunk_tokens: int = 4096, compute_dtype: torch.dtype | None = None,
+                         drop_ignored: bool | None = None) -> torch.Tensor:
     """label_smoothed_cross_entropy(hidden @ weight.T + bias, labels, ...) without materialising the logits:
     they are made `chunk_tokens` tokens at a time and dropped once the chunk's loss and gradients are
     taken. `hidden` is [..., H], `weight` [V, H], `bias` [V] or None, `labels` hidden's leading shape.
 
     The matmul runs in `compute_dtype` (default: the autocast dtype where autocast is on, else the
     inputs' own), the softmax in float32, as a head under autocast followed by `.float()` would.
+
+    `drop_ignored` (default: off a GPU) takes the ignored tokens out first, so that they cost nothing; that needs
+    their count on the host, a device read. On a GPU every token goes through and the ignored ones are weighed 0:
+    a little arithmetic on padding (few tokens under a token budget) instead of a wait for the device every
+    micro-batch (CONTRIBUTING: a training step reads nothing from the device).
     """
     keep = labels != ignore_index
-    hidden, labels = hidden[keep], labels[keep]  # ignored tokens never reach the arithmetic, as above
+    if drop_ignored is None:
+        drop_ignored = hidden.device.type != "cuda"
+    if drop_ignored:
+        hidden, labels, rows = hidden[keep], labels[keep], None
+        count = labels.shape[0]
+    else:
+        hidden, labels, rows = hidden.flatten(0, -2), labels.flatten(), keep.flatten()
+        count = rows.sum()
     if compute_dtype is None:
         device = hidden.device.type
         compute_dtype = (torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device)
                          else torch.promote_types(hidden.dtype, weight.dtype))
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
-    total = _LinearCrossEntropy.apply(hidden, weight, bias, labels, label_smoothing, chunk_tokens, compute_dtype,
-                                      needs_grad)
-    return total / max(labels.shape[0], 1)
+    total = _LinearCrossEntropy.apply(hidden, weight, bias, labels, rows, label_smoothing, chunk_tokens,
+                                      compute_dtype, needs_grad)
+    return total / (count.clamp(min=1) if rows is not None else max(count, 1))
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -88,7 +101,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, smoothing, chunk_tokens, compute_dtype, needs_grad):
+    def forward(ctx, hidden, weight, bias, labels, rows, smoothing, chunk_tokens, compute_dtype, needs_grad):
         wanted = ctx.needs_input_grad[:3] if needs_grad else (False, False, False)
         total = hidden.new_zeros((), dtype=torch.float32)
         grad_hidden, grad_weight, grad_bias = [], None, None
@@ -96,8 +109,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
             weight_c = weight.to(compute_dtype)
             for start in range(0, hidden.shape[0], chunk_tokens):
                 hidden_c = hidden[start:start + chunk_tokens].to(compute_dtype)
+                rows_c = None if rows is None else rows[start:start + chunk_tokens]
+                if rows_c is not None:  # an ignored token's state (padding: any value, nan too) reaches no sum
+                    hidden_c = torch.where(rows_c[:, None], hidden_c, 0.0)
                 loss, dlogits = _chunk(hidden_c, weight_c, bias, labels[start:start + chunk_tokens], smoothing,
-                                       any(wanted))
+                                       any(wanted), rows_c)
                 total += loss
                 if wanted[2]:
                     grad_bias = _add(grad_bias, dlogits.sum(0))
@@ -122,13 +138,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # in place: these are this function's own tensors, and a weight-sized copy is a pass over memory
         scaled = [g.mul_(grad_total).to(dtype) if g is not None else None for g, dtype in zip(ctx.grads, ctx.dtypes)]
         ctx.grads = None  # the loss tensor may live on into the next forward; its gradients need not
-        return (*scaled, None, None, None, None, None)
+        return (*scaled, None, None, None, None, None, None)
 
 
 def _chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-           smoothing: float, with_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+           smoothing: float, with_grad: bool, rows: torch.Tensor | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One chunk's summed loss, (1−ε)·(−log p_y) + ε·mean_v(−log p_v) as F.cross_entropy smooths, and with
-    `with_grad` its gradient by the logits, softmax − (1−ε)·onehot(y) − ε/V, in float32."""
+    `with_grad` its gradient by the logits, softmax − (1−ε)·onehot(y) − ε/V, in float32. `rows` (bool): the
+    tokens that count; the others (an ignored label, any value) add 0 to both."""
+    if rows is not None:
+        labels = labels.clamp(min=0)  # an ignored label indexes something; its row is weighed 0 below
     logits = (hidden @ weight.T).float()
     if bias is not None:
         logits += bias
@@ -137,13 +157,16 @@ def _chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     picked, mean = logits.gather(1, labels[:, None]).squeeze(1), logits.mean(-1)
     probs = logits.exp_()
     sum_exp = probs.sum(-1)
-    loss = (sum_exp.log() - (1.0 - smoothing) * picked - smoothing * mean).sum()
+    per_token = sum_exp.log() - (1.0 - smoothing) * picked - smoothing * mean
+    loss = (per_token if rows is None else torch.where(rows, per_token, 0.0)).sum()
     if not with_grad:
         return loss, None
     probs /= sum_exp[:, None]
     probs[torch.arange(len(labels), device=labels.device), labels] -= 1.0 - smoothing
     if smoothing:
         probs -= smoothing / probs.shape[-1]
+    if rows is not None:
+        probs.masked_fill_(~rows[:, None], 0.0)  # (not a product: an ignored row's value may be anything)
     return loss, probs
 
 
