@@ -56,10 +56,11 @@ def _t5_gated():
     return T5ForConditionalGeneration(config).eval(), tok
 
 
-ENCODER_DECODERS = ("bert2bert", "bert2bert-projected", "roberta2roberta")
+ENCODER_DECODERS = ("bert2bert", "bert2bert-projected", "roberta2roberta", "roberta2roberta-pad0")
 
 
-def _encoder_decoder(half: str, encoder_width: int = 32, pad: int | None = None, boost: dict | None = None):
+def _encoder_decoder(half: str, encoder_width: int = 32, pad: int | None = None, boost: dict | None = None,
+                     model_pad: int | None = None):
     """A tiny EncoderDecoderModel of BERT or RoBERTa halves (an encoder wider than the decoder puts the projection
     between them to work); `boost` raises tokens' logits (the end of sequence, RoBERTa's padding mid-sequence)."""
     from transformers import BertConfig, EncoderDecoderConfig, EncoderDecoderModel, RobertaConfig
@@ -75,7 +76,8 @@ def _encoder_decoder(half: str, encoder_width: int = 32, pad: int | None = None,
     config = EncoderDecoderConfig.from_encoder_decoder_configs(
         kind(hidden_size=encoder_width, intermediate_size=2 * encoder_width, **common),
         kind(hidden_size=32, intermediate_size=64, is_decoder=True, add_cross_attention=True, **common))
-    config.decoder_start_token_id, config.eos_token_id, config.pad_token_id = tok.cls_token_id, tok.sep_token_id, pad
+    config.decoder_start_token_id, config.eos_token_id = tok.cls_token_id, tok.sep_token_id
+    config.pad_token_id = pad if model_pad is None else model_pad  # the halves' own padding index may differ
     model = EncoderDecoderModel(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -95,6 +97,8 @@ def _model(name, tmp_path):
         return _encoder_decoder("bert", encoder_width=48, boost={3: 6.0})  # [SEP] (3) likely: sequences end early
     if name == "roberta2roberta":
         return _encoder_decoder("roberta", pad=7, boost={3: 5.0, 7: 5.0})  # its padding (7) generated mid-sequence
+    if name == "roberta2roberta-pad0":  # the halves pad with 0, the model with 7: positions are read off neither
+        return _encoder_decoder("roberta", pad=0, model_pad=7, boost={3: 6.0})
     if name == "t5-gated":
         return _t5_gated()
     if name == "pegasus":
@@ -115,7 +119,7 @@ def _both(model, tok, docs=DOCUMENTS, early_stopping=None, **settings):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["bart", "pegasus", "marian", "mbart", "m2m_100", "t5", "t5-gated", "bert2bert",
-                                  "bert2bert-projected", "roberta2roberta"])
+                                  "bert2bert-projected", "roberta2roberta", "roberta2roberta-pad0"])
 def test_token_for_token_transformers_generate(name, tmp_path):
     """Beam search (with min length, n-gram blocking, length penalties) and greedy search give generate's
     token ids, padding and length included, for every family of BART-style layers (mBART and M2M100 force

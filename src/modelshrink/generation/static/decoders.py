@@ -348,8 +348,9 @@ class BertDecoder(Caches):
         self.embed, self.norm_embedding = embeddings.word_embeddings, embeddings.LayerNorm
         # the positions and token type 0 the embeddings add to a token at each step, as its own forward adds them;
         # RoBERTa's count from its padding index, which a padding token itself gets as its position
-        self.positions = self._positions(embeddings, max_length, 0 if pad_token != 0 else 1)
         padding = getattr(embeddings, "padding_idx", None) if decoder.config.model_type == "roberta" else None
+        token = next(t for t in range(3) if t not in (pad_token, padding))  # read off a token that is not padding
+        self.positions = self._positions(embeddings, max_length, token)
         self.pad_token = padding
         self.pad_position = None if padding is None else \
             (embeddings.position_embeddings.weight[padding] + embeddings.token_type_embeddings.weight[0]).detach()
