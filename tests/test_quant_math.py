@@ -89,6 +89,41 @@ def test_fake_quantize_value_and_straight_through_gradient(bits):
         assert torch.equal(w.grad, torch.ones_like(w))
 
 
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_fake_quantize_is_the_saved_weight_bit_for_bit(bits):
+    """The fused forward (codes times scales formed in place, issue 54) gives exactly the float32 bits of
+    dequantizing the saved integers: zero rows, zeros' sign, tiny and large scales, per tensor and per row."""
+    generator = torch.Generator().manual_seed(bits)
+    for scale in (1e-30, 1e-3, 1.0, 300.0):
+        w = torch.randn(37, 53, generator=generator) * scale
+        w[3] = 0.0
+        w[5, :7] = -0.0
+        w[8] = -w[8].abs()  # a row of negatives: its codes 0 must come out +0.0, as dequantized int8 zeros do
+        for per_row in (False, True):
+            out = fake_quantize(w, bits, per_row)
+            saved = dequantize(*quantize_weight(w, bits, per_row))
+            assert torch.equal(out.view(torch.int32), saved.view(torch.int32)), (scale, per_row)
+    half = torch.randn(16, 24, generator=generator).to(torch.bfloat16)
+    assert torch.equal(fake_quantize(half, bits, True), dequantize(*quantize_weight(half, bits, True)).bfloat16())
+
+
+def test_fake_quantize_activation_is_round_to_the_max_abs_step_bit_for_bit():
+    """The activation's forward value is round(x / alpha) · alpha with alpha = max|x| / th, whichever way max|x|
+    is found (min and max here, without a tensor of |x|): every bit, a negative maximum, bf16 in, all zeros."""
+    generator = torch.Generator().manual_seed(0)
+    for x in (torch.randn(4, 33, 17, generator=generator) * 5, -torch.rand(50, generator=generator) - 3,
+              torch.zeros(6), (torch.randn(8, 9, generator=generator) * 2).bfloat16()):
+        for bits in (8, 4):
+            th = 2 ** (bits - 1) - 1
+            xf = x.float()
+            max_abs = xf.abs().amax()
+            alpha = torch.where(max_abs > 0, max_abs / th, 1.0)
+            expected = (torch.round(xf / alpha).clamp(-th, th) * alpha).to(x.dtype)
+            out = fake_quantize_activation(x, bits)
+            assert out.dtype == x.dtype
+            assert torch.equal(out.float().view(torch.int32), expected.float().view(torch.int32)), (x.shape, bits)
+
+
 def test_fake_quantize_activation_dynamic_range():
     x = torch.tensor([-2.0, 0.5, 1.0, 0.0], requires_grad=True)
     out = fake_quantize_activation(x, bits=8)

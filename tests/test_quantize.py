@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -392,16 +393,58 @@ def _count_fake_quantizations(monkeypatch) -> dict:
     return calls
 
 
+def _quantize_at_every_use(monkeypatch) -> None:
+    """Training steps without `weights_once`: every use of a weight in every micro-batch quantizes it again."""
+    from contextlib import nullcontext
+
+    from modelshrink.steps import quantize as quantize_step
+    from modelshrink.training import seq2seq
+
+    monkeypatch.setattr(quantize_step, "weights_once", nullcontext)
+    monkeypatch.setattr(seq2seq, "weights_once", nullcontext)
+
+
+def test_tied_weights_are_quantized_once_for_all_their_modules(monkeypatch):
+    """BART's one word-embedding tensor is the encoder's, the decoder's and the LM head's: `parametrize.cached` alone
+    would quantize it three times a forward pass (it caches per module); `weights_once` quantizes it once, and
+    the forward pass and the gradients are the same as quantizing at every use."""
+    from modelshrink.quant import modules
+
+    model, tok = build("bart", wide=False)
+    quantize_model(model, parse_bits("2-2-8"))
+    shape = model.get_output_embeddings().parametrizations.weight.original.shape
+    embedding_quantized = {"n": 0}
+    original = modules.fake_quantize
+
+    def counted(w, bits, per_row=False):
+        embedding_quantized["n"] += w.shape == shape
+        return original(w, bits, per_row)
+
+    monkeypatch.setattr(modules, "fake_quantize", counted)
+    batch = tok(["a b c d", "e f"], return_tensors="pt", padding=True)
+    results = []
+    for context in (modules.weights_once, contextlib.nullcontext):
+        embedding_quantized["n"] = 0
+        model.zero_grad()
+        with context():
+            loss = model(**batch, labels=batch["input_ids"]).loss
+            loss.backward()
+        results.append((embedding_quantized["n"], loss.item(),
+                        {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (once, loss_once, grads_once), (every, loss_every, grads_every) = results
+    assert (once, every) == (1, 3)
+    assert loss_once == loss_every and grads_once.keys() == grads_every.keys()
+    assert all(torch.equal(grads_once[n], grads_every[n]) for n in grads_once)
+
+
 @pytest.mark.parametrize("bits", ["2-2-8", "4-4-8"])
 def test_weights_are_quantized_once_per_optimizer_step_to_the_same_values(bits, classifier_path, tmp_path,
                                                                           monkeypatch):
     """Issue 54: each fake-quantized weight is computed once per optimizer step (parametrize.cached around the
     step's forward and backward passes), not at every use in every micro-batch; the trained integers and scales
     are bit for bit those of computing it at every use."""
-    from contextlib import nullcontext
 
     from safetensors.torch import load_file
-    from torch.nn.utils import parametrize
 
     rows = [{"id": f"s{i}", "sentence": d, "label": i % 2} for i, d in enumerate(DOCUMENTS)]
     data = write_jsonl(tmp_path / "sst.jsonl", rows)
@@ -414,7 +457,7 @@ def test_weights_are_quantized_once_per_optimizer_step_to_the_same_values(bits, 
         return calls["n"], load_file(out / "modelshrink-quantized.safetensors")  # the integers and scales
 
     cached_calls, cached = run("cached")
-    monkeypatch.setattr(parametrize, "cached", nullcontext)
+    _quantize_at_every_use(monkeypatch)
     every_use, uncached = run("every-use")
     assert cached.keys() == uncached.keys()
     assert all(torch.equal(cached[k], uncached[k]) for k in cached)
@@ -423,10 +466,8 @@ def test_weights_are_quantized_once_per_optimizer_step_to_the_same_values(bits, 
 
 def test_seq2seq_quantization_quantizes_each_weight_once_per_step(saved_models, tmp_path, monkeypatch):
     """The same for DQ-BART's seq2seq path (distill's loop): fewer fake-quantizations, the same integers."""
-    from contextlib import nullcontext
 
     from safetensors.torch import load_file
-    from torch.nn.utils import parametrize
 
     rows = [{"id": f"d{i}", "document": d, "summary": s} for i, (d, s) in enumerate(zip(DOCUMENTS, SUMMARIES))]
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
@@ -439,7 +480,7 @@ def test_seq2seq_quantization_quantizes_each_weight_once_per_step(saved_models, 
         return calls["n"], load_file(out / "modelshrink-quantized.safetensors")
 
     cached_calls, cached = run("cached")
-    monkeypatch.setattr(parametrize, "cached", nullcontext)
+    _quantize_at_every_use(monkeypatch)
     every_use, uncached = run("every-use")
     assert all(torch.equal(cached[k], uncached[k]) for k in cached) and cached.keys() == uncached.keys()
     # (here 142 against 212: the training steps' share halves; saving the model quantizes once more either way)

@@ -20,6 +20,8 @@ forward hooks; attention probabilities go through a registered attention functio
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -35,6 +37,10 @@ from modelshrink.quant.spec import QuantSpec
 ATTENTION_IMPLEMENTATION = "modelshrink_quant"
 
 
+# Inside `weights_once()`: each latent weight's fake-quantized value, by the latent tensor's identity.
+_step_weights: dict[tuple[int, int, bool], torch.Tensor] | None = None
+
+
 class FakeQuant(nn.Module):
     """A parametrization: the weight as the forward pass sees it, quantized, with STE gradients."""
 
@@ -44,7 +50,26 @@ class FakeQuant(nn.Module):
         self.per_row = per_row
 
     def forward(self, weight: torch.Tensor) -> torch.Tensor:
-        return fake_quantize(weight, self.bits, self.per_row)
+        if _step_weights is None:
+            return fake_quantize(weight, self.bits, self.per_row)
+        key = (id(weight), self.bits, self.per_row)
+        if key not in _step_weights:
+            _step_weights[key] = fake_quantize(weight, self.bits, self.per_row)
+        return _step_weights[key]
+
+
+@contextmanager
+def weights_once() -> Iterator[None]:
+    """Around an optimizer step's forward and backward passes: each fake-quantized weight computed once, however
+    many micro-batches and however many modules use it (`parametrize.cached` caches per module, so a word
+    embedding tied to the LM head, or shared by encoder and decoder, would be quantized once per module)."""
+    global _step_weights
+    outer, _step_weights = _step_weights, {} if _step_weights is None else _step_weights
+    try:
+        with parametrize.cached():
+            yield
+    finally:
+        _step_weights = outer
 
 
 def _quantize_input(bits: int, clip: float | None):

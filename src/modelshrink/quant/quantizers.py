@@ -110,17 +110,73 @@ def dequantize(b: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     return alpha.float() * b.float()
 
 
+def _fake_weight(w: torch.Tensor, bits: int, per_row: bool) -> torch.Tensor:
+    """dequantize(*quantize_weight(w, bits, per_row)) in w's dtype, bit for bit, in fewer passes over w.
+
+    The same arithmetic as `symmetric` and `ternary` (the same scales, the same float64 sums, the same roundings);
+    the integer codes are never materialised: a code times its scale is formed in place, and `+ 0.0` turns the
+    -0.0 a negative weight rounded to code 0 would give into the +0.0 that dequantizing the int8 code 0 gives."""
+    if bits not in range(2, 9):
+        raise ValueError(f"weight quantization takes 2 (ternary) to 8 bits, got {bits!r}")
+    _check_per_row(w, per_row)
+    wf = w.float()
+    if wf.numel() == 0:
+        return w.clone()
+    dims = dict(dim=1, keepdim=True) if per_row else {}
+    if bits == 2:
+        absw = wf.abs()
+        count_all = max(wf.shape[1] if per_row else wf.numel(), 1)
+        delta = (0.7 * absw.sum(dtype=torch.float64, **dims) / count_all).float()
+        keep = absw > delta
+        kept = keep.sum(dtype=torch.int32, **dims).double()  # counts: exact in int32 and in float64
+        total = absw.mul_(keep).sum(dtype=torch.float64, **dims)  # |w| kept, +0.0 elsewhere: ternary's sum
+        alpha = torch.where(kept > 0, total / kept.clamp(min=1), 1.0).float()
+        q = torch.where(keep, alpha, 0.0).copysign_(wf)
+    else:
+        th = _threshold(bits)
+        low, high = torch.aminmax(wf, **dims)  # max|w| without a tensor of |w|
+        alpha = _scale(torch.maximum(-low, high), th)
+        q = torch.round(wf / alpha).clamp_(-th, th).mul_(alpha)
+    return q.add_(0.0).to(w.dtype)
+
+
+# Straight-through estimators: forward the quantized value, computed without autograd; backward the gradient
+# unchanged. One node each instead of `q + (x - x.detach())`'s subtraction and addition, which cost two more
+# passes over every weight and activation each forward; and the forward value is exactly q.
+class _FakeWeight(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w, bits, per_row):
+        return _fake_weight(w, bits, per_row)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None
+
+
+class _FakeActivation(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, th):
+        return _fake_activation(x, th)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
 def fake_quantize(w: torch.Tensor, bits: int, per_row: bool = False) -> torch.Tensor:
     """dequantize(quantize_weight(w)) in the forward pass, identity gradient to w (STE).
 
     The result has w's dtype; for float32 w it equals dequantize(*quantize_weight(w)) bit for bit.
     """
-    with torch.no_grad():
-        q = dequantize(*quantize_weight(w, bits, per_row)).to(w.dtype)
-    # q + (w - w.detach()) rather than w + (q - w).detach(): same gradient, but w + (q - w) is
-    # not always exactly q in floating point, and the forward value must be exactly the
-    # quantized weight that gets saved.
-    return q + (w - w.detach())
+    return _FakeWeight.apply(w, bits, per_row)
+
+
+def _fake_activation(x: torch.Tensor, th: int) -> torch.Tensor:
+    xf = x.float()
+    low, high = torch.aminmax(xf) if xf.numel() else (xf.new_zeros(()), xf.new_zeros(()))
+    max_abs = torch.maximum(-low, high)  # max|x| without a tensor of |x|
+    alpha = torch.where(max_abs > 0, max_abs / th, 1.0)
+    return torch.round(xf / alpha).clamp_(-th, th).mul_(alpha).to(x.dtype)
 
 
 def fake_quantize_activation(x: torch.Tensor, bits: int = 8, clip: float | None = None) -> torch.Tensor:
@@ -140,9 +196,4 @@ def fake_quantize_activation(x: torch.Tensor, bits: int = 8, clip: float | None 
             raise ValueError(f"activation clip must be a positive finite number, got {clip!r}")
         clip = float(clip)
         x = x.clamp(-clip, clip)  # clamp's gradient is 0 outside [-clip, clip], 1 on and inside
-    with torch.no_grad():
-        xf = x.detach().float()
-        max_abs = xf.abs().amax() if xf.numel() else xf.new_zeros(())
-        alpha = torch.where(max_abs > 0, max_abs / th, 1.0)
-        q = (torch.round(xf / alpha).clamp_(-th, th) * alpha).to(x.dtype)
-    return q + (x - x.detach())
+    return _FakeActivation.apply(x, th)

@@ -26,7 +26,7 @@ from modelshrink.options.batching import resolve_batching
 from modelshrink.options.distill import DistillOptions
 from modelshrink.options.quantize import QuantizeOptions
 from modelshrink.quant.model import save_quantized
-from modelshrink.quant.modules import check_quantizable, quantize_model
+from modelshrink.quant.modules import check_quantizable, quantize_model, weights_once
 from modelshrink.training.runs import TrainingRun, finished, parent_refs, reproduce_section, save_best_with, training_metrics
 from modelshrink.training.loop import enable_gradient_checkpointing, place_teacher, train
 
@@ -376,7 +376,6 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, models: Mo
                         progress: Callable[[dict[str, Any]], None] | None, log: Callable[[str], None]) -> Path:
     """Distillation-aware quantization of a sequence classifier: the full-precision classifier teaches
     its quantized copy (task loss + MSE on logits, hidden states and attention), through the shared loop."""
-    from torch.nn.utils import parametrize
 
     from modelshrink.training import classify
     from modelshrink.models.efficiency import parameter_count
@@ -425,7 +424,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, models: Mo
                    validate=classify.make_validate(validation, tokenizer, train_options.batch_size,
                                                    accelerator.device, max_length) if validation else None,
                    save_best=save_best_with(save), resume=resume, progress=progress, log=log,
-                   hparams=options.recorded(), step_context=parametrize.cached)
+                   hparams=options.recorded(), step_context=weights_once)
     student = accelerator.unwrap_model(student)
     if not run.main:
         return run.output

@@ -301,7 +301,7 @@ def train(model: Any, examples: list[dict[str, Any]], collate: Callable[[list[di
     `save_best(model, folder)` is called on the main process whenever validation improves. With
     `options.report_to`, the main process's trackers get every train_log.jsonl line and `hparams` (the
     step's recorded options; the training options where not given). `step_context()` is entered around each
-    optimizer step's forward and backward passes (quantize: `parametrize.cached`, so that each fake-quantized
+    optimizer step's forward and backward passes (quantize: `quant.modules.weights_once`, so that each fake-quantized
     weight is computed once per step, not at every use in every micro-batch); not with `options.compile`, where
     one graph computes each fake-quantized weight once per micro-batch."""
     main, world = accelerator.is_main_process, accelerator.num_processes

@@ -9,11 +9,11 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.nn.utils import parametrize
 
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
 from modelshrink.options.distill import DistillOptions
+from modelshrink.quant.modules import weights_once
 from modelshrink.training.runs import save_best_with
 from modelshrink.training.loop import TrainResult, place_teacher, train
 
@@ -195,7 +195,7 @@ def train_seq2seq(options: DistillOptions, built: dict[str, Any], rows: list[Any
                    save_best=save_best_with(save), resume=resume, progress=progress, log=log,
                    hparams=hparams if hparams is not None else options.recorded(),
                    # a quantized student's fake-quantized weights once per step (nothing else is parametrized)
-                   step_context=parametrize.cached)
+                   step_context=weights_once)
     student = accelerator.unwrap_model(student)
     student.set_attn_implementation(attention_kernel)
     return student, result
