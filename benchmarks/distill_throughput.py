@@ -12,7 +12,13 @@ setting. Settings:
   * modelshrink distill, cross-entropy only (sequence-level distillation, what PLATE trains);
   * transformers Seq2SeqTrainer on the same student and batches;
   * modelshrink distill with logits (MSE) + hidden + attention losses against the 6-6 teacher
-    (DQ-BART), which adds a teacher forward pass and eager attention.
+    (DQ-BART), which adds a teacher forward pass and eager attention;
+  * modelshrink quantize 2-2-8, distillation-aware: the student teaching its own ternary copy, and
+    modelshrink distill with quantize's losses (cross-entropy without smoothing + MSE on logits, hidden
+    states and attention), the float student teaching itself: what fake quantization costs, the
+    CPU side of issue 54's target (quantize >= 0.85x the tokens/s of distill with the same KD losses).
+
+    python benchmarks/distill_throughput.py --only quantize --no-write   # the last two settings
 
 Throughput is non-padding source + target tokens per second over the timed steps, after
 --warmup untimed steps; settings are interleaved for --rounds rounds and the median is reported.
@@ -33,6 +39,8 @@ import torch
 
 from _report import publish
 
+DISTILL_SAME_KD = "modelshrink distill, quantize's losses, the student teaching itself"
+QUANTIZE = "modelshrink quantize 2-2-8, distillation-aware"
 
 
 def modelshrink_run(student: Path, teacher: Path, data: Path, work: Path, args, kd: bool) -> float:
@@ -43,9 +51,30 @@ def modelshrink_run(student: Path, teacher: Path, data: Path, work: Path, args, 
     options = DistillOptions(data=str(data), max_steps=args.warmup + args.steps, batch_size=args.batch_size,
                              max_source_length=args.source, max_target_length=args.target, lr=1e-4,
                              log_every=1, device="cpu", seed=0, **extra)
-    out = distill(options, work, overwrite=True)
+    return timed_rate(distill(options, work, overwrite=True), args)
+
+
+def quantize_pair_run(student: Path, data: Path, work: Path, args, quantized: bool) -> float:
+    """quantize 2-2-8 (distillation-aware) of the student, or distill with its losses, the student teaching itself."""
+    from modelshrink.steps.distill import DistillOptions, distill
+    from modelshrink.steps.quantize import QuantizeOptions, quantize
+
+    common = dict(data=str(data), max_steps=args.warmup + args.steps, batch_size=args.batch_size,
+                  max_source_length=args.source, max_target_length=args.target, lr=1e-4, log_every=1, device="cpu",
+                  seed=0)
+    if quantized:
+        out = quantize(QuantizeOptions(model=str(student), bits="2-2-8", method="distill", **common), work,
+                       overwrite=True)
+    else:  # options/quantize.py's losses, as distill options
+        out = distill(DistillOptions(teacher=str(student), student=str(student), kd_logits="mse", kd_hidden=1.0,
+                                     kd_attention=1.0, label_smoothing=0.0, **common), work, overwrite=True)
+    return timed_rate(out, args)
+
+
+def timed_rate(out: Path, args) -> float:
+    """Non-padding tokens a second over the steps after the warm-up, from a run's train_log.jsonl."""
     log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
-    timed = [e for e in log if e["step"] > args.warmup]
+    timed = [e for e in log if e.get("step", 0) > args.warmup and "tokens" in e]
     return sum(e["tokens"] for e in timed) / sum(e["seconds"] for e in timed)
 
 
@@ -98,8 +127,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--source", type=int, default=96)
     parser.add_argument("--target", type=int, default=24)
+    parser.add_argument("--only", choices=("all", "distill", "quantize"), default="all",
+                        help="distill: the first three settings; quantize: the last two (with --no-write)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    if args.only != "all" and not args.no_write:
+        parser.error("--only makes part of the table: add --no-write")
 
     from modelshrink.steps.distill import DistillOptions, distill
     from modelshrink.quickstart import sample_path, warmstart_artifact
@@ -116,7 +149,11 @@ def main() -> None:
         "transformers Seq2SeqTrainer": lambda r: hf_run(student, data, work / f"hf-{r}", args),
         "modelshrink distill + logits, hidden, attention losses": lambda r: modelshrink_run(
             student, teacher, data, work / f"kd-{r}", args, kd=True),
+        DISTILL_SAME_KD: lambda r: quantize_pair_run(student, data, work / f"self-{r}", args, quantized=False),
+        QUANTIZE: lambda r: quantize_pair_run(student, data, work / f"quantize-{r}", args, quantized=True),
     }
+    keep = {"all": list(settings), "distill": list(settings)[:3], "quantize": [DISTILL_SAME_KD, QUANTIZE]}[args.only]
+    settings = {name: settings[name] for name in keep}
     rates: dict[str, list[float]] = {name: [] for name in settings}
     names = list(settings)
     for r in range(args.rounds):
@@ -124,6 +161,9 @@ def main() -> None:
             rates[name].append(settings[name](r))
             print(f"round {r + 1} {name}: {rates[name][-1]:.1f} tokens/s", file=sys.stderr)
     medians = {name: statistics.median(v) for name, v in rates.items()}
+    if args.only != "all":
+        print(json.dumps(medians, indent=1))
+        return
     hf = medians["transformers Seq2SeqTrainer"]
     ce = medians["modelshrink distill (cross-entropy)"]
     lines = [
@@ -139,6 +179,9 @@ def main() -> None:
     for name in names:
         lines.append(f"| {name} | {medians[name]:.1f} | {medians[name] / hf:.3f}× | {medians[name] / ce:.3f}× | "
                      f"{', '.join(f'{x:.1f}' for x in rates[name])} |")
+    quantized = medians[QUANTIZE] / medians[DISTILL_SAME_KD]
+    lines += ["", f"quantize 2-2-8 against distill with the same losses (the same student teaching itself): "
+              f"{quantized:.3f}× (issue 54's target on a GPU: ≥ 0.85×)."]
     text = "\n".join(lines)
     publish("distill_throughput", "distill: training throughput against Seq2SeqTrainer", text, write=not args.no_write)
 
