@@ -440,7 +440,7 @@ def test_tied_weights_are_quantized_once_for_all_their_modules(monkeypatch):
 @pytest.mark.parametrize("bits", ["2-2-8", "4-4-8"])
 def test_weights_are_quantized_once_per_optimizer_step_to_the_same_values(bits, classifier_path, tmp_path,
                                                                           monkeypatch):
-    """Issue 54: each fake-quantized weight is computed once per optimizer step (parametrize.cached around the
+    """Issue 54: each fake-quantized weight is computed once per optimizer step (`weights_once` around the
     step's forward and backward passes), not at every use in every micro-batch; the trained integers and scales
     are bit for bit those of computing it at every use."""
 
