@@ -1,5 +1,7 @@
 """Quantizer and packing arithmetic (DQ-BART §2.1, Appendix A) on hand-worked and random tensors."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -118,10 +120,24 @@ def test_fake_quantize_activation_is_round_to_the_max_abs_step_bit_for_bit():
             xf = x.float()
             max_abs = xf.abs().amax()
             alpha = torch.where(max_abs > 0, max_abs / th, 1.0)
-            expected = (torch.round(xf / alpha).clamp(-th, th) * alpha).to(x.dtype)
+            expected = (torch.round(xf / alpha).clamp(-th, th) * alpha + 0.0).to(x.dtype)  # + 0.0: no -0.0
             out = fake_quantize_activation(x, bits)
             assert out.dtype == x.dtype
             assert torch.equal(out.float().view(torch.int32), expected.float().view(torch.int32)), (x.shape, bits)
+
+
+def test_fake_quantize_activation_traced_for_export_gives_the_training_values():
+    """Under the ONNX exporter's tracing the rounding takes the form `modelshrink.onnx.rounding` reads
+    (an Add of Sub(x, x)); its values are those of the straight-through node training uses, bit for bit."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 7, 11, generator=generator) * 4
+    for clip in (None, 2.5):
+        with warnings.catch_warnings():  # torch.jit.trace is deprecated, but it is what the exporter runs
+            warnings.simplefilter("ignore")
+            traced = torch.jit.trace(lambda t, c=clip: fake_quantize_activation(t, 8, c), (x,))
+        assert "aten::sub" in str(traced.graph) and "aten::add" in str(traced.graph)
+        fresh = torch.randn(3, 7, 11, generator=generator) * 4
+        assert torch.equal(traced(fresh).view(torch.int32), fake_quantize_activation(fresh, 8, clip).view(torch.int32))
 
 
 def test_fake_quantize_activation_dynamic_range():

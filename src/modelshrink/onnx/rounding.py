@@ -1,7 +1,8 @@
 """The quantized model's activation roundings in a traced graph, and the rewrites that keep, shorten or drop them.
 
 A quantize artifact rounds some activations straight-through: the forward value of `q + (x - x.detach())` with
-q = clip(round(x / α), -th, th) · α (`modelshrink.quant.quantizers`), which the tracing writes as 13 nodes
+q = clip(round(x / α), -th, th) · α (`modelshrink.quant.quantizers`, in the form it takes under the exporter's
+tracing; training takes one straight-through node instead), which the tracing writes as 13 nodes
 (`straight_through` finds them). An integer kernel that rounds its input itself reads x instead
 (`take_out_rounding`), or reads the model's own codes of x (`integer_activations`); the other roundings are
 written in the 7 nodes that compute the same values (`shorten_rounding`), or taken out.

@@ -176,7 +176,8 @@ def _fake_activation(x: torch.Tensor, th: int) -> torch.Tensor:
     low, high = torch.aminmax(xf) if xf.numel() else (xf.new_zeros(()), xf.new_zeros(()))
     max_abs = torch.maximum(-low, high)  # max|x| without a tensor of |x|
     alpha = torch.where(max_abs > 0, max_abs / th, 1.0)
-    return torch.round(xf / alpha).clamp_(-th, th).mul_(alpha).to(x.dtype)
+    # + 0.0: the +0.0 that `q + (x - x.detach())` made of a code 0 of a negative x (and the export's form makes)
+    return torch.round(xf / alpha).clamp_(-th, th).mul_(alpha).add_(0.0).to(x.dtype)
 
 
 def fake_quantize_activation(x: torch.Tensor, bits: int = 8, clip: float | None = None) -> torch.Tensor:
@@ -196,4 +197,18 @@ def fake_quantize_activation(x: torch.Tensor, bits: int = 8, clip: float | None 
             raise ValueError(f"activation clip must be a positive finite number, got {clip!r}")
         clip = float(clip)
         x = x.clamp(-clip, clip)  # clamp's gradient is 0 outside [-clip, clip], 1 on and inside
+    if torch.jit.is_tracing():  # the ONNX export: the graph `modelshrink.onnx.rounding` finds and rewrites
+        return _traced_activation(x, th)
     return _FakeActivation.apply(x, th)
+
+
+def _traced_activation(x: torch.Tensor, th: int) -> torch.Tensor:
+    """The same values as `_FakeActivation`, written as the exporter's tracing needs them: `q + (x - x.detach())`
+    (Add of Sub(x, x), by which `modelshrink.onnx.rounding.straight_through` knows a rounding) with
+    q = clip(round(x / α), -th, th) · α, α from max|x|."""
+    with torch.no_grad():
+        xf = x.detach().float()
+        max_abs = xf.abs().amax() if xf.numel() else xf.new_zeros(())
+        alpha = torch.where(max_abs > 0, max_abs / th, 1.0)
+        q = (torch.round(xf / alpha).clamp_(-th, th) * alpha).to(x.dtype)
+    return q + (x - x.detach())
