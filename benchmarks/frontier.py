@@ -25,8 +25,9 @@ summaries <= 32): ROUGE-1/2/L with 95% intervals and a paired permutation test a
 resumable), and ROUGE-L against the PyTorch model each export was made from (is it in that model's interval?),
 MB on disk (weight files), peak RSS of a fresh process that loads the form and summarizes 16 documents at batch 16, batch-1 p50/p90 over --latency-docs documents (the forms taking turns, so a change of
 load hits all alike) and batch-16 docs/s (median of --rounds passes over --throughput-docs documents).
-It writes frontier.json into --work, the figure (--figure: ROUGE-L against batch-1 latency, marker area = MB)
-and the table into BENCHMARKS.md (section frontier) unless --no-write.
+Each form is scored as soon as it is made (before the next is trained) and its scores recorded in --work's
+progress.json, so that a run of many hours gives each number as it has it. It writes frontier.json into --work,
+the figure (--figure: ROUGE-L against batch-1 latency, marker area = MB) and the table into BENCHMARKS.md (section frontier) unless --no-write.
 Targets: one compressed form >= 4x smaller and >= 3x faster (batch 1) than the teacher in PyTorch, ROUGE-L within
 1.0 point of the teacher's (issue 29); one >= 10x smaller and >= 5x faster within 1.0 (issue 55).
 
@@ -133,35 +134,34 @@ def make_student(args: argparse.Namespace, train: Path, fewer: int, log) -> Path
     return student
 
 
-def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: list[tuple], log) -> dict[str, Path]:
-    """The distillation-aware quantize forms (taken from --reuse where it has them), then the --budgets forms."""
+def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: list[tuple], log):
+    """The distillation-aware quantize forms (taken from --reuse where it has them), then the --budgets forms, each
+    yielded as (folder name, artifact) as soon as it is made."""
     from modelshrink.steps.quantize import QuantizeOptions, quantize
 
     teacher, task = Path(args.teacher), TASKS[args.task]
     common = dict(model=str(teacher), data=str(train), lr=1e-4, warmup_ratio=0.05, save_every=100,
                   **training_budget(args))
-    quantized = {}
     for name, bits, layers in (("888-6-6", "8-8-8", None), ("228-6-6", "2-2-8", None), ("228-6-3", "2-2-8", fewer),
                                *uniform):
         reused = Path(args.reuse) / name if args.reuse else None
         if reused is not None and (reused / "modelshrink.json").is_file():
-            quantized[name] = reused
+            yield name, reused
             continue
         steps = args.quantize_steps * (task.fewer_steps if layers else 1)
         log(f"distillation-aware {bits}{f' with {layers} decoder layers' if layers else ''} ({steps} steps)")
-        quantized[name] = quantize(QuantizeOptions(bits=bits, decoder_layers=layers, max_steps=steps, **common),
-                                   args.work / name, resume=True, log=log)
+        yield name, quantize(QuantizeOptions(bits=bits, decoder_layers=layers, max_steps=steps, **common),
+                             args.work / name, resume=True, log=log)
     teacher_mb = weight_mb("torch", teacher)
     for text in budgets(args, fewer):
         size, layers = budget_of(text)
         mb = teacher_mb / float(size[:-1]) if size.endswith("x") else float(size)
         steps = args.quantize_steps * (task.fewer_steps if layers else 1)  # as the uniform form of its depth
         log(f"distillation-aware under a {mb:.2f} MB budget ({text}; {steps} steps)")
-        quantized[budget_folder(text)] = quantize(
+        yield budget_folder(text), quantize(
             QuantizeOptions(bits="8-8-8", budget_mb=mb, decoder_layers=layers,
                             calibration_examples=args.calibration_examples, max_steps=steps, **common),
             args.work / budget_folder(text), resume=True, log=log)
-    return quantized
 
 
 def budgets(args: argparse.Namespace, fewer: int) -> list[str]:
@@ -210,33 +210,39 @@ def exported(args: argparse.Namespace, model: Path, name: str, log, **flags) -> 
     return out
 
 
-def make_forms(args: argparse.Namespace, train: Path, log) -> dict[str, tuple[str, Path]]:
-    """Every deployable form: name -> (kind, folder), made or reused."""
+def make_forms(args: argparse.Namespace, train: Path, log, ready=None) -> dict[str, tuple[str, Path]]:
+    """Every deployable form: name -> (kind, folder), made or reused, in the table's order; `ready(index, name,
+    form)` is called as each one is done (before the next is trained), so that a long run can score it at once."""
     from modelshrink.families import decoder_layer_count
     from modelshrink.models.loading import load_config
 
     teacher = Path(args.teacher)
     fewer = args.decoder_layers or max(1, decoder_layer_count(load_config(str(teacher), "teacher")) // 2)
-    student = Path(args.student) if args.student else make_student(args, train, fewer, log)
-    uniform = [(bits.replace("-", "") + "-all", bits, None) for bits in args.uniform]
-    quantized = make_quantized(args, train, fewer, uniform, log)
+    forms: dict[str, tuple[str, Path]] = {}
+
+    def add(name: str, form: tuple[str, Path]) -> None:
+        forms[name] = form
+        if ready is not None:
+            ready(len(forms) - 1, name, form)
 
     def onnx(model: Path, name: str, **flags) -> tuple[str, Path]:
         return "onnx", exported(args, model, name, log, **flags)
 
-    return {
-        TEACHER: ("torch", teacher),
-        "teacher, ONNX float32": onnx(teacher, "teacher-fp32"),
-        f"student (D {fewer}), ONNX float32": onnx(student, "student-fp32"),
-        f"student (D {fewer}), ONNX --int8": onnx(student, "student-int8", int8=True),
-        f"student (D {fewer}), ONNX --int4": onnx(student, "student-int4", int4=True),
-        "8-8-8 distillation-aware, ONNX": onnx(quantized["888-6-6"], "888"),
-        "2-2-8 distillation-aware, ONNX": onnx(quantized["228-6-6"], "228"),
-        f"2-2-8 (D {fewer}) distillation-aware, ONNX": onnx(quantized["228-6-3"], "228-fewer"),
-        **{f"{bits} distillation-aware, ONNX": onnx(quantized[name], name) for name, bits, _ in uniform},
-        **{budget_name(text): onnx(quantized[budget_folder(text)], budget_folder(text))
-           for text in budgets(args, fewer)},
-    }
+    add(TEACHER, ("torch", teacher))
+    add("teacher, ONNX float32", onnx(teacher, "teacher-fp32"))
+    student = Path(args.student) if args.student else make_student(args, train, fewer, log)
+    add(f"student (D {fewer}), ONNX float32", onnx(student, "student-fp32"))
+    add(f"student (D {fewer}), ONNX --int8", onnx(student, "student-int8", int8=True))
+    add(f"student (D {fewer}), ONNX --int4", onnx(student, "student-int4", int4=True))
+    uniform = [(bits.replace("-", "") + "-all", bits, None) for bits in args.uniform]
+    names = {"888-6-6": ("8-8-8 distillation-aware, ONNX", "888"), "228-6-6": ("2-2-8 distillation-aware, ONNX", "228"),
+             "228-6-3": (f"2-2-8 (D {fewer}) distillation-aware, ONNX", "228-fewer"),
+             **{name: (f"{bits} distillation-aware, ONNX", name) for name, bits, _ in uniform},
+             **{budget_folder(text): (budget_name(text), budget_folder(text)) for text in budgets(args, fewer)}}
+    for folder, model in make_quantized(args, train, fewer, uniform, log):
+        name, export_name = names[folder]
+        add(name, onnx(model, export_name))
+    return forms
 
 
 def scored(args: argparse.Namespace, model: Path, validation: Path, out: Path, log, against: Path | None = None
@@ -256,18 +262,42 @@ def scored(args: argparse.Namespace, model: Path, validation: Path, out: Path, l
     return metrics
 
 
+def eval_folder(args: argparse.Namespace, index: int, name: str) -> Path:
+    return args.work / ("eval-teacher" if name == TEACHER else f"eval-{index}")
+
+
+def quality_of(args: argparse.Namespace, index: int, name: str, path: Path, validation: Path, log) -> dict:
+    """One form's metrics with intervals, tested against the teacher's (scored first: the teacher is form 0)."""
+    task = TASKS[args.task]
+    log(f"evaluating {name} on {args.docs} {task.rows}")
+    reference = eval_folder(args, 0, TEACHER)
+    metrics = scored(args, path, validation, eval_folder(args, index, name), log,
+                     against=None if name == TEACHER else reference)
+    return {"scores": {k: metrics[k] for k in task.metrics}, "ci95": metrics["ci95"],
+            "against_teacher": metrics.get("against", {}).get("p"), "eval": str(eval_folder(args, index, name))}
+
+
 def quality(forms: dict[str, tuple[str, Path]], validation: Path, args: argparse.Namespace, log) -> dict[str, dict]:
     """The task's metrics with intervals of every form, each tested against the teacher (eval artifacts in
-    --work)."""
-    task = TASKS[args.task]
-    results, reference = {}, args.work / "eval-teacher"
-    for index, (name, (_, path)) in enumerate(forms.items()):
-        out = reference if name == TEACHER else args.work / f"eval-{index}"
-        log(f"evaluating {name} on {args.docs} {task.rows}")
-        metrics = scored(args, path, validation, out, log, against=None if name == TEACHER else reference)
-        results[name] = {"scores": {k: metrics[k] for k in task.metrics}, "ci95": metrics["ci95"],
-                         "against_teacher": metrics.get("against", {}).get("p"), "eval": str(out)}
-    return results
+    --work; those scored while the forms were made are read back)."""
+    return {name: quality_of(args, index, name, path, validation, log)
+            for index, (name, (_, path)) in enumerate(forms.items())}
+
+
+def scored_at_once(args: argparse.Namespace, validation: Path, log):
+    """make_forms' `ready`: score each form as soon as it is made and record it in --work's progress.json (form ->
+    scores, interval, p against the teacher, when), so that a run of many hours (and sessions) gives each number
+    when it has it, not all at the end."""
+    progress = args.work / "progress.json"
+
+    def ready(index: int, name: str, form: tuple[str, Path]) -> None:
+        found = quality_of(args, index, name, form[1], validation, log)
+        rows = json.loads(progress.read_text()) if progress.is_file() else {}
+        rows[name] = {"path": str(form[1]), "scored": time.strftime("%Y-%m-%d %H:%M"), **found}
+        progress.with_suffix(".tmp").write_text(json.dumps(rows, indent=2) + "\n")
+        progress.with_suffix(".tmp").replace(progress)
+
+    return ready
 
 
 def pytorch_forms(forms: dict[str, tuple[str, Path]]) -> dict[str, Path]:
@@ -571,7 +601,7 @@ def main() -> None:
     train, validation = (task.split(args.data, split, args.pair) for split in ("train", "validation"))
     if not train.is_file() or not Path(args.teacher, "config.json").is_file():
         sys.exit(f"frontier: needs a teacher ({args.teacher}) and {train}; make the teacher with {task.recipe}")
-    forms = make_forms(args, train, log)
+    forms = make_forms(args, train, log, ready=scored_at_once(args, validation, log))
     results = quality(forms, validation, args, log)
     for name, found in against_pytorch(forms, results, validation, args, log).items():
         results[name]["pytorch"] = found

@@ -61,6 +61,10 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
         assert set(got["scores"]) == {"rouge1", "rouge2", "rougeL"} and len(got["ci95"]["rougeL"]) == 2, name
         assert got["mb"] > 0 and got["rss_mb"] > 0 and got["p50_ms"] > 0 and got["docs_s"] > 0, name
         assert (got["against_teacher"] is None) == (name == "teacher, PyTorch"), name
+    # each form was scored as soon as it was made, and recorded then: the table's scores are those
+    progress = json.loads((work / "progress.json").read_text())
+    assert list(progress) == list(forms)
+    assert all(progress[name]["scores"] == got["scores"] for name, got in results.items())
     # each export against the PyTorch model it came from (students' three exports share one evaluation)
     pytorch = {name: got["pytorch"] for name, got in results.items() if "pytorch" in got}
     assert set(pytorch) == set(forms) - {"teacher, PyTorch"}
