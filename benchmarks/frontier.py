@@ -550,8 +550,29 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--no-export-check", action="store_true", help="export without checking against PyTorch "
                         "(a smoke run; the frontier still scores every export against its PyTorch form)")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--progress", action="store_true", help="print the forms scored so far (--work's progress.json) as a table, and stop: the numbers of a run still under way")
     parser.add_argument("--rss-of", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     return parser
+
+
+def progress_table(args: argparse.Namespace) -> list[str]:
+    """The forms a run under way has scored so far: the task's metrics, the interval and p against the teacher, MB
+    on disk and how many times smaller than the teacher (no speed: that is measured once every form is made)."""
+    task, progress = TASKS[args.task], args.work / "progress.json"
+    if not progress.is_file():
+        sys.exit(f"frontier: no {progress} yet (no form has been scored)")
+    rows = json.loads(progress.read_text())
+    mb = {name: weight_mb("torch" if name == TEACHER else "onnx", Path(r["path"])) for name, r in rows.items()}
+    main = task.main
+    lines = ["| form | " + "".join(f"{task.label(k)}{' [95% CI]' if k == main else ''} | " for k in task.metrics)
+             + f"p vs teacher ({task.short}) | MB | × smaller | scored |", "|" + "---|" * (5 + len(task.metrics))]
+    for name, r in rows.items():
+        ci, p = r["ci95"][main], (r["against_teacher"] or {}).get(main)
+        lines.append(f"| {name} | " + "".join(f"{r['scores'][k]:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if k == main
+                                                                           else "") + " | " for k in task.metrics)
+                     + f"{'' if p is None else f'{p:.3f}'} | {mb[name]:.1f} | "
+                     + (f"{mb[TEACHER] / mb[name]:.1f}" if TEACHER in mb and mb[name] else "") + f" | {r['scored']} |")
+    return lines
 
 
 def report(args: argparse.Namespace, results: dict[str, dict], budgets: list[dict], validation: Path) -> str:
@@ -586,6 +607,9 @@ def main() -> None:
         # process would start at the parent's peak
         status = Path("/proc/self/status").read_text().splitlines()
         print(next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024)  # kB
+        return
+    if args.progress:
+        print("\n".join(progress_table(args)))
         return
     from transformers.utils import logging as hf_logging
 

@@ -65,6 +65,8 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     progress = json.loads((work / "progress.json").read_text())
     assert list(progress) == list(forms)
     assert all(progress[name]["scores"] == got["scores"] for name, got in results.items())
+    shown = run_main(frontier, monkeypatch, capsys, [*SUMMARIZATION, "--work", str(work), "--progress"])
+    assert len([line for line in shown.splitlines() if line.startswith("| ")]) == 1 + len(forms)
     # each export against the PyTorch model it came from (students' three exports share one evaluation)
     pytorch = {name: got["pytorch"] for name, got in results.items() if "pytorch" in got}
     assert set(pytorch) == set(forms) - {"teacher, PyTorch"}
