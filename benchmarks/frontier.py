@@ -135,33 +135,44 @@ def make_student(args: argparse.Namespace, train: Path, fewer: int, log) -> Path
 
 
 def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: list[tuple], log):
-    """The distillation-aware quantize forms (taken from --reuse where it has them), then the --budgets forms, each
-    yielded as (folder name, artifact) as soon as it is made."""
+    """The distillation-aware quantize forms (taken from --reuse where it has them) and the --budgets forms, each
+    yielded as (folder name, artifact) as soon as it is made, in the order issue 55's verdicts need them: the
+    fewer-layer forms first (its >= 5x faster form can only be one of them), each budget form right after the
+    uniform 2-2-8 of its depth, then the other uniform forms and 8-8-8 last."""
     from modelshrink.steps.quantize import QuantizeOptions, quantize
 
     teacher, task = Path(args.teacher), TASKS[args.task]
     common = dict(model=str(teacher), data=str(train), lr=1e-4, warmup_ratio=0.05, save_every=100,
                   **training_budget(args))
+    teacher_mb = weight_mb("torch", teacher)
+    jobs = []  # (folder, uniform bits or None, budget text or None, decoder layers)
+    for text in budgets(args, fewer):
+        jobs.append((budget_folder(text), None, text, budget_of(text)[1]))
     for name, bits, layers in (("888-6-6", "8-8-8", None), ("228-6-6", "2-2-8", None), ("228-6-3", "2-2-8", fewer),
                                *uniform):
-        reused = Path(args.reuse) / name if args.reuse else None
-        if reused is not None and (reused / "modelshrink.json").is_file():
-            yield name, reused
-            continue
-        steps = args.quantize_steps * (task.fewer_steps if layers else 1)
-        log(f"distillation-aware {bits}{f' with {layers} decoder layers' if layers else ''} ({steps} steps)")
-        yield name, quantize(QuantizeOptions(bits=bits, decoder_layers=layers, max_steps=steps, **common),
-                             args.work / name, resume=True, log=log)
-    teacher_mb = weight_mb("torch", teacher)
-    for text in budgets(args, fewer):
-        size, layers = budget_of(text)
-        mb = teacher_mb / float(size[:-1]) if size.endswith("x") else float(size)
-        steps = args.quantize_steps * (task.fewer_steps if layers else 1)  # as the uniform form of its depth
-        log(f"distillation-aware under a {mb:.2f} MB budget ({text}; {steps} steps)")
-        yield budget_folder(text), quantize(
-            QuantizeOptions(bits="8-8-8", budget_mb=mb, decoder_layers=layers,
-                            calibration_examples=args.calibration_examples, max_steps=steps, **common),
-            args.work / budget_folder(text), resume=True, log=log)
+        jobs.append((name, bits, None, layers))
+
+    def priority(job: tuple) -> tuple:
+        folder, bits, text, layers = job
+        return (layers is None, {"2-2-8": 0, None: 1}.get(bits, 2), bits == "8-8-8")
+
+    for folder, bits, text, layers in sorted(jobs, key=priority):  # sorted() is stable: --budgets' order kept
+        steps = args.quantize_steps * (task.fewer_steps if layers else 1)  # a budget form: as the uniform of its depth
+        if text is None:
+            reused = Path(args.reuse) / folder if args.reuse else None
+            if reused is not None and (reused / "modelshrink.json").is_file():
+                yield folder, reused
+                continue
+            log(f"distillation-aware {bits}{f' with {layers} decoder layers' if layers else ''} ({steps} steps)")
+            yield folder, quantize(QuantizeOptions(bits=bits, decoder_layers=layers, max_steps=steps, **common),
+                                   args.work / folder, resume=True, log=log)
+        else:
+            size = budget_of(text)[0]
+            mb = teacher_mb / float(size[:-1]) if size.endswith("x") else float(size)
+            log(f"distillation-aware under a {mb:.2f} MB budget ({text}; {steps} steps)")
+            yield folder, quantize(QuantizeOptions(bits="8-8-8", budget_mb=mb, decoder_layers=layers,
+                                                   calibration_examples=args.calibration_examples, max_steps=steps,
+                                                   **common), args.work / folder, resume=True, log=log)
 
 
 def budgets(args: argparse.Namespace, fewer: int) -> list[str]:
@@ -212,37 +223,41 @@ def exported(args: argparse.Namespace, model: Path, name: str, log, **flags) -> 
 
 def make_forms(args: argparse.Namespace, train: Path, log, ready=None) -> dict[str, tuple[str, Path]]:
     """Every deployable form: name -> (kind, folder), made or reused, in the table's order; `ready(index, name,
-    form)` is called as each one is done (before the next is trained), so that a long run can score it at once."""
+    form)` (index: the form's row in the table) is called as each one is done, before the next is trained, so that
+    a long run can score it at once. The teacher's forms come first, then the quantize forms (make_quantized's
+    order), the student last: issue 55's verdicts need the quantize forms and not the student."""
     from modelshrink.families import decoder_layer_count
     from modelshrink.models.loading import load_config
 
     teacher = Path(args.teacher)
     fewer = args.decoder_layers or max(1, decoder_layer_count(load_config(str(teacher), "teacher")) // 2)
+    uniform = [(bits.replace("-", "") + "-all", bits, None) for bits in args.uniform]
+    names = {"888-6-6": ("8-8-8 distillation-aware, ONNX", "888"), "228-6-6": ("2-2-8 distillation-aware, ONNX", "228"),
+             "228-6-3": (f"2-2-8 (D {fewer}) distillation-aware, ONNX", "228-fewer"),
+             **{name: (f"{bits} distillation-aware, ONNX", name) for name, bits, _ in uniform},
+             **{budget_folder(text): (budget_name(text), budget_folder(text)) for text in budgets(args, fewer)}}
+    students = [(f"student (D {fewer}), ONNX {label}", f"student-{flag or 'fp32'}", flag)
+                for label, flag in (("float32", None), ("--int8", "int8"), ("--int4", "int4"))]
+    table = [TEACHER, "teacher, ONNX float32", *(name for name, _, _ in students), *(name for name, _ in names.values())]
     forms: dict[str, tuple[str, Path]] = {}
 
     def add(name: str, form: tuple[str, Path]) -> None:
         forms[name] = form
         if ready is not None:
-            ready(len(forms) - 1, name, form)
+            ready(table.index(name), name, form)
 
     def onnx(model: Path, name: str, **flags) -> tuple[str, Path]:
         return "onnx", exported(args, model, name, log, **flags)
 
     add(TEACHER, ("torch", teacher))
     add("teacher, ONNX float32", onnx(teacher, "teacher-fp32"))
-    student = Path(args.student) if args.student else make_student(args, train, fewer, log)
-    add(f"student (D {fewer}), ONNX float32", onnx(student, "student-fp32"))
-    add(f"student (D {fewer}), ONNX --int8", onnx(student, "student-int8", int8=True))
-    add(f"student (D {fewer}), ONNX --int4", onnx(student, "student-int4", int4=True))
-    uniform = [(bits.replace("-", "") + "-all", bits, None) for bits in args.uniform]
-    names = {"888-6-6": ("8-8-8 distillation-aware, ONNX", "888"), "228-6-6": ("2-2-8 distillation-aware, ONNX", "228"),
-             "228-6-3": (f"2-2-8 (D {fewer}) distillation-aware, ONNX", "228-fewer"),
-             **{name: (f"{bits} distillation-aware, ONNX", name) for name, bits, _ in uniform},
-             **{budget_folder(text): (budget_name(text), budget_folder(text)) for text in budgets(args, fewer)}}
     for folder, model in make_quantized(args, train, fewer, uniform, log):
         name, export_name = names[folder]
         add(name, onnx(model, export_name))
-    return forms
+    student = Path(args.student) if args.student else make_student(args, train, fewer, log)
+    for name, export_name, flag in students:
+        add(name, onnx(student, export_name, **({flag: True} if flag else {})))
+    return {name: forms[name] for name in table}
 
 
 def scored(args: argparse.Namespace, model: Path, validation: Path, out: Path, log, against: Path | None = None
