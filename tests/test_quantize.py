@@ -485,3 +485,49 @@ def test_seq2seq_quantization_quantizes_each_weight_once_per_step(saved_models, 
     assert all(torch.equal(cached[k], uncached[k]) for k in cached) and cached.keys() == uncached.keys()
     # (here 142 against 212: the training steps' share halves; saving the model quantizes once more either way)
     assert cached_calls < every_use / 1.4, (cached_calls, every_use)
+
+
+@pytest.mark.parametrize("family,bits", [("bert2bert", "2-2-8"), ("bert2bert", "4-4-8"), ("t5", "2-2-8")])
+def test_an_unshared_embedding_quantizes_only_the_rows_it_looks_up_to_the_same_bits(family, bits, monkeypatch):
+    """A word embedding no other module shares (bert2bert's encoder table; the LM head's is tied to the decoder's)
+    quantizes only the rows a batch looks up, on a CPU: rows are quantized independently, so the loss and every
+    gradient are those of quantizing the whole table, bit for bit, padding rows, repeated tokens and all."""
+    from modelshrink.quant import modules
+
+    model, tok = build(family, wide=False)
+    model.train()
+    quantize_model(model, parse_bits(bits))
+    looked_up = [m for m in model.modules() if "forward" in vars(m)]
+    head = model.get_output_embeddings().parametrizations.weight.original
+    assert all(m.parametrizations.weight.original is not head for m in looked_up)
+    assert len(looked_up) == (1 if family == "bert2bert" else 0)  # the tiny T5 ties its one table to the head
+    tables = [m.parametrizations.weight.original for m in looked_up]
+    whole = {"n": 0}
+    original = modules.fake_quantize
+
+    def counted(w, bits, per_row=False):
+        whole["n"] += any(w is table for table in tables)  # the whole latent table, not some of its rows
+        return original(w, bits, per_row)
+
+    monkeypatch.setattr(modules, "fake_quantize", counted)
+    batch = tok(["a b c d a a", "e f", "b"], return_tensors="pt", padding=True)
+    labels = tok(["c d", "e e f"], return_tensors="pt", padding=True)["input_ids"]
+    labels = torch.cat([labels, labels[:1]])
+
+    def step() -> tuple[float, dict]:
+        model.zero_grad()
+        torch.manual_seed(0)  # the same dropout masks
+        logits = model(**batch, decoder_input_ids=labels).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    loss, grads = step()
+    assert whole["n"] == 0
+    for module in looked_up:
+        del module.forward  # the plain forward: the whole table quantized
+    plain_loss, plain_grads = step()
+    assert whole["n"] == len(looked_up)
+    assert loss == plain_loss and grads.keys() == plain_grads.keys()
+    assert all(torch.equal(grads[n], plain_grads[n]) for n in grads), [n for n in grads
+                                                                       if not torch.equal(grads[n], plain_grads[n])]
