@@ -368,7 +368,7 @@ def budget_against_uniform(forms: dict[str, tuple[str, Path]], results: dict[str
         return name[name.index("(D "):name.index(")") + 1] if "(D " in name else ""
 
     found = []
-    for name, (_, path) in forms.items():
+    for name, (kind, path) in forms.items():
         if not name.startswith("budget "):
             continue
         uniform = {u: artifact_mb(p) for u, (_, p) in forms.items()
@@ -379,7 +379,11 @@ def budget_against_uniform(forms: dict[str, tuple[str, Path]], results: dict[str
         log(f"{name} ({size:.2f} MB) against {nearest} ({uniform[nearest]:.2f} MB)")
         _, report = compare([results[nearest]["eval"], results[name]["eval"]], out, overwrite=True)
         p = report["systems"][1]["p_vs_first"]
+        plan = json.loads(Path(pytorch_forms({name: (kind, path)})[name], "modelshrink.json").read_text())
+        plan = plan["metrics"]["bit_plan"]  # the sensitivity measurement's cost, against the training's
         found.append({"budget": name, "budget_mb": size, "uniform": nearest, "uniform_mb": uniform[nearest],
+                      "sensitivity_seconds": plan["sensitivity_seconds"],
+                      "sensitivity_share": plan["sensitivity_share_of_training"],
                       **{k: results[name]["scores"][k] - results[nearest]["scores"][k] for k in metrics},
                       "p": {k: p.get(k) for k in metrics}})
     return found
@@ -387,11 +391,13 @@ def budget_against_uniform(forms: dict[str, tuple[str, Path]], results: dict[str
 
 def budget_table(rows: list[dict], task: Task) -> list[str]:
     lines = ["| budget form | artifact MB | uniform form of its depth nearest in size | artifact MB | "
-             + "".join(f"Δ {task.label(k)} | " for k in task.metrics) + f"p ({task.short}) |",
-             "|" + "---|" * (5 + len(task.metrics))]
+             + "".join(f"Δ {task.label(k)} | " for k in task.metrics) + f"p ({task.short}) | "
+             "sensitivity measured in s (share of the training's time) |",
+             "|" + "---|" * (6 + len(task.metrics))]
     for r in rows:
         lines.append(f"| {r['budget']} | {r['budget_mb']:.2f} | {r['uniform']} | {r['uniform_mb']:.2f} | "
-                     + "".join(f"{r[k]:+.2f} | " for k in task.metrics) + f"{r['p'][task.main]:.3f} |")
+                     + "".join(f"{r[k]:+.2f} | " for k in task.metrics) + f"{r['p'][task.main]:.3f} | "
+                     f"{r['sensitivity_seconds']:.0f} ({100 * r['sensitivity_share']:.1f}%) |")
     return lines
 
 

@@ -89,6 +89,8 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     assert json.loads((work / "budget-4x" / "modelshrink.json").read_text())["options"]["calibration_examples"] == 8
     assert budget["uniform"] in {"2-2-8 distillation-aware, ONNX", "8-8-8 distillation-aware, ONNX"}
     assert 0 <= budget["p"]["rougeL"] <= 1
+    # what measuring the sensitivities cost, beside the training (issue 55: at most 10% of it at scale)
+    assert budget["sensitivity_seconds"] > 0 and budget["sensitivity_share"] > 0
     # the fewer-layer budget form: 1 decoder layer, against the fewer-layer 2-2-8 (the one uniform form that deep)
     assert shallow["budget"] == DEPTH_BUDGET and shallow["budget_mb"] <= teacher_mb / 4
     assert shallow["uniform"] == "2-2-8 (D 1) distillation-aware, ONNX" and 0 <= shallow["p"]["rougeL"] <= 1
