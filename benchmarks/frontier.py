@@ -27,7 +27,8 @@ MB on disk (weight files), peak RSS of a fresh process that loads the form and s
 load hits all alike) and batch-16 docs/s (median of --rounds passes over --throughput-docs documents).
 Each form is scored as soon as it is made (before the next is trained) and its scores recorded in --work's
 progress.json, so that a run of many hours gives each number as it has it. It writes frontier.json into --work,
-the figure (--figure: ROUGE-L against batch-1 latency, marker area = MB) and the table into BENCHMARKS.md (section frontier) unless --no-write.
+the figure (--figure: ROUGE-L against batch-1 latency, marker area = MB) and the table into BENCHMARKS.md
+(section frontier) unless --no-write.
 Targets: one compressed form >= 4x smaller and >= 3x faster (batch 1) than the teacher in PyTorch, ROUGE-L within
 1.0 point of the teacher's (issue 29); one >= 10x smaller and >= 5x faster within 1.0 (issue 55).
 
@@ -238,7 +239,8 @@ def make_forms(args: argparse.Namespace, train: Path, log, ready=None) -> dict[s
              **{budget_folder(text): (budget_name(text), budget_folder(text)) for text in budgets(args, fewer)}}
     students = [(f"student (D {fewer}), ONNX {label}", f"student-{flag or 'fp32'}", flag)
                 for label, flag in (("float32", None), ("--int8", "int8"), ("--int4", "int4"))]
-    table = [TEACHER, "teacher, ONNX float32", *(name for name, _, _ in students), *(name for name, _ in names.values())]
+    table = [TEACHER, "teacher, ONNX float32", *(name for name, _, _ in students),
+             *(name for name, _ in names.values())]
     forms: dict[str, tuple[str, Path]] = {}
 
     def add(name: str, form: tuple[str, Path]) -> None:
@@ -348,11 +350,16 @@ def against_pytorch(forms: dict[str, tuple[str, Path]], results: dict[str, dict]
     return found
 
 
+def made_from(form: Path) -> Path:
+    """The PyTorch artifact an export folder was made from."""
+    return pytorch_forms({"form": ("onnx", form)})["form"]
+
+
 def artifact_mb(form: Path) -> float:
     """MB of the quantize artifact an export was made from (the size a budget bounds)."""
     from modelshrink.quant.model import WEIGHTS_NAME
 
-    return Path(pytorch_forms({"form": ("onnx", form)})["form"], WEIGHTS_NAME).stat().st_size / 1e6
+    return Path(made_from(form), WEIGHTS_NAME).stat().st_size / 1e6
 
 
 def budget_against_uniform(forms: dict[str, tuple[str, Path]], results: dict[str, dict], args: argparse.Namespace,
@@ -360,6 +367,7 @@ def budget_against_uniform(forms: dict[str, tuple[str, Path]], results: dict[str
     """Each budget form against the uniform-bits form of its depth (all layers, or the fewer-layer 2-2-8) nearest its
     size, on the same rows: the task's metrics and a paired permutation test (`eval --compare` on the two eval
     artifacts, nothing generated again)."""
+    from modelshrink.artifacts import read_manifest
     from modelshrink.evaluation.compare import compare
 
     metrics = TASKS[args.task].metrics
@@ -368,7 +376,7 @@ def budget_against_uniform(forms: dict[str, tuple[str, Path]], results: dict[str
         return name[name.index("(D "):name.index(")") + 1] if "(D " in name else ""
 
     found = []
-    for name, (kind, path) in forms.items():
+    for name, (_, path) in forms.items():
         if not name.startswith("budget "):
             continue
         uniform = {u: artifact_mb(p) for u, (_, p) in forms.items()
@@ -379,8 +387,7 @@ def budget_against_uniform(forms: dict[str, tuple[str, Path]], results: dict[str
         log(f"{name} ({size:.2f} MB) against {nearest} ({uniform[nearest]:.2f} MB)")
         _, report = compare([results[nearest]["eval"], results[name]["eval"]], out, overwrite=True)
         p = report["systems"][1]["p_vs_first"]
-        plan = json.loads(Path(pytorch_forms({name: (kind, path)})[name], "modelshrink.json").read_text())
-        plan = plan["metrics"]["bit_plan"]  # the sensitivity measurement's cost, against the training's
+        plan = read_manifest(made_from(path))["metrics"]["bit_plan"]  # what measuring sensitivity cost
         found.append({"budget": name, "budget_mb": size, "uniform": nearest, "uniform_mb": uniform[nearest],
                       "sensitivity_seconds": plan["sensitivity_seconds"],
                       "sensitivity_share": plan["sensitivity_share_of_training"],
@@ -447,17 +454,25 @@ def figure(results: dict[str, dict], task: Task, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def quality_header(task: Task) -> str:
+    return ("| form | " + "".join(f"{task.label(k)}{' [95% CI]' if k == task.main else ''} | " for k in task.metrics)
+            + f"p vs teacher ({task.short}) | ")
+
+
+def quality_cells(name: str, r: dict, task: Task) -> str:
+    """A form's row up to its p against the teacher: the task's metrics, the main one with its interval."""
+    ci, p = r["ci95"][task.main], (r["against_teacher"] or {}).get(task.main)
+    return (f"| {name} | " + "".join(f"{r['scores'][k]:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if k == task.main
+                                                                 else "") + " | " for k in task.metrics)
+            + f"{'' if p is None else f'{p:.3f}'} | ")
+
+
 def table(results: dict[str, dict], task: Task) -> list[str]:
-    base, main = results[TEACHER], task.main
-    lines = ["| form | " + "".join(f"{task.label(k)}{' [95% CI]' if k == main else ''} | " for k in task.metrics)
-             + f"p vs teacher ({task.short}) | MB | × smaller | peak RSS MB | p50 ms | p90 ms | × faster (p50) | "
+    base = results[TEACHER]
+    lines = [quality_header(task) + "MB | × smaller | peak RSS MB | p50 ms | p90 ms | × faster (p50) | "
              "docs/s batch 16 |", "|" + "---|" * (9 + len(task.metrics))]
     for name, r in results.items():
-        ci = r["ci95"][main]
-        p = r["against_teacher"][main] if r["against_teacher"] else None
-        lines.append(f"| {name} | " + "".join(f"{r['scores'][k]:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if k == main
-                                                                           else "") + " | " for k in task.metrics)
-                     + f"{'' if p is None else f'{p:.3f}'} | {r['mb']:.1f} | "
+        lines.append(quality_cells(name, r, task) + f"{r['mb']:.1f} | "
                      f"{base['mb'] / r['mb']:.1f} | {r['rss_mb']:.0f} | {r['p50_ms']:.0f} | {r['p90_ms']:.0f} | "
                      f"{base['p50_ms'] / r['p50_ms']:.2f} | {r['docs_s']:.2f} |")
     return lines
@@ -571,7 +586,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--no-export-check", action="store_true", help="export without checking against PyTorch "
                         "(a smoke run; the frontier still scores every export against its PyTorch form)")
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--progress", action="store_true", help="print the forms scored so far (--work's progress.json) as a table, and stop: the numbers of a run still under way")
+    parser.add_argument("--progress", action="store_true", help="print the forms scored so far (--work's "
+                        "progress.json) as a table, and stop: the numbers of a run still under way")
     parser.add_argument("--rss-of", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     return parser
 
@@ -584,14 +600,9 @@ def progress_table(args: argparse.Namespace) -> list[str]:
         sys.exit(f"frontier: no {progress} yet (no form has been scored)")
     rows = json.loads(progress.read_text())
     mb = {name: weight_mb("torch" if name == TEACHER else "onnx", Path(r["path"])) for name, r in rows.items()}
-    main = task.main
-    lines = ["| form | " + "".join(f"{task.label(k)}{' [95% CI]' if k == main else ''} | " for k in task.metrics)
-             + f"p vs teacher ({task.short}) | MB | × smaller | scored |", "|" + "---|" * (5 + len(task.metrics))]
+    lines = [quality_header(task) + "MB | × smaller | scored |", "|" + "---|" * (5 + len(task.metrics))]
     for name, r in rows.items():
-        ci, p = r["ci95"][main], (r["against_teacher"] or {}).get(main)
-        lines.append(f"| {name} | " + "".join(f"{r['scores'][k]:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if k == main
-                                                                           else "") + " | " for k in task.metrics)
-                     + f"{'' if p is None else f'{p:.3f}'} | {mb[name]:.1f} | "
+        lines.append(quality_cells(name, r, task) + f"{mb[name]:.1f} | "
                      + (f"{mb[TEACHER] / mb[name]:.1f}" if TEACHER in mb and mb[name] else "") + f" | {r['scored']} |")
     return lines
 
