@@ -310,7 +310,9 @@ def scored_at_once(args: argparse.Namespace, validation: Path, log):
     def ready(index: int, name: str, form: tuple[str, Path]) -> None:
         found = quality_of(args, index, name, form[1], validation, log)
         rows = json.loads(progress.read_text()) if progress.is_file() else {}
-        rows[name] = {"path": str(form[1]), "scored": time.strftime("%Y-%m-%d %H:%M"), **found}
+        before = rows.get(name, {})  # a rerun reads a finished form's scores back: it keeps when they were made
+        when = before["scored"] if before.get("scores") == found.get("scores") else time.strftime("%Y-%m-%d %H:%M")
+        rows[name] = {"path": str(form[1]), "scored": when, **found}
         progress.with_suffix(".tmp").write_text(json.dumps(rows, indent=2) + "\n")
         progress.with_suffix(".tmp").replace(progress)
 

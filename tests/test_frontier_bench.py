@@ -195,3 +195,25 @@ def test_frontier_task_is_checked_and_brings_its_defaults(monkeypatch, capsys):
     with pytest.raises(SystemExit) as refused:
         frontier.arguments().parse_args(["--pair", "en-fr"])
     assert refused.value.code == 2 and "--pair" in capsys.readouterr().err
+
+
+def test_a_rerun_keeps_when_a_form_was_scored(tmp_path, monkeypatch):
+    """progress.json says when each number was made: a rerun reading a finished form's scores back keeps that time;
+    a form scored anew (other scores) gets the new one."""
+    frontier = frontier_module(monkeypatch)
+    scores = {"scores": {"rougeL": 40.0}}
+    monkeypatch.setattr(frontier, "quality_of", lambda *args: dict(scores))
+    args = frontier.arguments().parse_args(["--work", str(tmp_path)])
+    ready = frontier.scored_at_once(args, tmp_path / "validation.jsonl", print)
+    clock = iter(["2026-11-29 02:28", "2026-11-29 03:07", "2026-11-29 04:00"])
+    monkeypatch.setattr(frontier.time, "strftime", lambda fmt: next(clock))
+
+    def when() -> str:
+        return json.loads((tmp_path / "progress.json").read_text())["teacher"]["scored"]
+
+    ready(0, "teacher", ("pytorch", tmp_path / "teacher"))
+    ready(0, "teacher", ("pytorch", tmp_path / "teacher"))
+    assert when() == "2026-11-29 02:28"
+    scores["scores"] = {"rougeL": 41.0}
+    ready(0, "teacher", ("pytorch", tmp_path / "teacher"))
+    assert when() == "2026-11-29 03:07"
