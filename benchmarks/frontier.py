@@ -16,10 +16,12 @@ finished one):
                             folder (888-6-6, 228-6-6, 228-6-3) instead of training them
   --uniform (3-3-8, 4-4-8)  more uniform bits, all layers, the same steps (issue 55)
   --budgets (10x, 13x,      `quantize --budget-mb`: each layer group's bits chosen from measured sensitivity under a
-   10x:D)                   budget (MB, or Nx: the teacher's float32 weights over N; `:D` with D decoder layers, as
+   10x:D, 10x:student)      budget (MB, or Nx: the teacher's float32 weights over N; `:D` with D decoder layers, as
                             the fewer-layer 2-2-8, which is what a 5x batch-1 speed-up needs), the same steps; each is
                             also compared with the uniform form of its depth nearest its size (paired permutation
-                            test, `eval --compare`)
+                            test, `eval --compare`). `:student` quantizes the distilled student instead of the
+                            teacher (the whole chain: distill, then quantize under the budget, the teacher teaching
+                            both); it has had the student's steps besides, so it is left out of that comparison
 Then each form, on the first --docs validation documents (beam 4, no repeated trigram, sources <= 128 tokens,
 summaries <= 32): ROUGE-1/2/L with 95% intervals and a paired permutation test against the teacher (`eval`,
 resumable), and ROUGE-L against the PyTorch model each export was made from (is it in that model's interval?),
@@ -139,7 +141,8 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
     """The distillation-aware quantize forms (taken from --reuse where it has them) and the --budgets forms, each
     yielded as (folder name, artifact) as soon as it is made, in the order issue 55's verdicts need them: the
     fewer-layer forms first (its >= 5x faster form can only be one of them), each budget form right after the
-    uniform 2-2-8 of its depth, then the other uniform forms and 8-8-8 last."""
+    uniform 2-2-8 of its depth, then a budget form of the student (the student is made for it, and yielded as
+    ("student", folder) first), then the other uniform forms and 8-8-8 last."""
     from modelshrink.steps.quantize import QuantizeOptions, quantize
 
     teacher, task = Path(args.teacher), TASKS[args.task]
@@ -148,15 +151,17 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
     teacher_mb = weight_mb("torch", teacher)
     jobs = []  # (folder, uniform bits or None, budget text or None, decoder layers)
     for text in budgets(args, fewer):
-        jobs.append((budget_folder(text), None, text, budget_of(text)[1]))
+        jobs.append((budget_folder(text), None, text, fewer if of_student(text) else budget_of(text)[1]))
     for name, bits, layers in (("888-6-6", "8-8-8", None), ("228-6-6", "2-2-8", None), ("228-6-3", "2-2-8", fewer),
                                *uniform):
         jobs.append((name, bits, None, layers))
 
     def priority(job: tuple) -> tuple:
         folder, bits, text, layers = job
-        return (layers is None, {"2-2-8": 0, None: 1}.get(bits, 2), bits == "8-8-8")
+        return (layers is None, text is not None and of_student(text), {"2-2-8": 0, None: 1}.get(bits, 2),
+                bits == "8-8-8")
 
+    student = None
     for folder, bits, text, layers in sorted(jobs, key=priority):  # sorted() is stable: --budgets' order kept
         steps = args.quantize_steps * (task.fewer_steps if layers else 1)  # a budget form: as the uniform of its depth
         if text is None:
@@ -170,41 +175,56 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
         else:
             size = budget_of(text)[0]
             mb = teacher_mb / float(size[:-1]) if size.endswith("x") else float(size)
+            model = dict(decoder_layers=layers)
+            if of_student(text):  # the student quantized, taught by the teacher (its layers map onto the teacher's)
+                if student is None:
+                    student = Path(args.student) if args.student else make_student(args, train, fewer, log)
+                    yield "student", student
+                model = dict(model=str(student), teacher=str(teacher))
             log(f"distillation-aware under a {mb:.2f} MB budget ({text}; {steps} steps)")
-            yield folder, quantize(QuantizeOptions(bits="8-8-8", budget_mb=mb, decoder_layers=layers,
+            yield folder, quantize(QuantizeOptions(bits="8-8-8", budget_mb=mb,
                                                    calibration_examples=args.calibration_examples, max_steps=steps,
-                                                   **common), args.work / folder, resume=True, log=log)
+                                                   **{**common, **model}), args.work / folder, resume=True, log=log)
 
 
 def budgets(args: argparse.Namespace, fewer: int) -> list[str]:
-    """--budgets, or the default: 10x and 13x with every layer, and 10x with the fewer decoder layers."""
-    return args.budgets if args.budgets is not None else ["10x", "13x", f"10x:{fewer}"]
+    """--budgets, or the default: 10x and 13x with every layer, 10x with the fewer decoder layers, and 10x of the
+    student (which has those layers)."""
+    return args.budgets if args.budgets is not None else ["10x", "13x", f"10x:{fewer}", "10x:student"]
+
+
+def of_student(text: str) -> bool:
+    """Whether a budget form quantizes the distilled student ("10x:student") rather than the teacher."""
+    return text.endswith(":student")
 
 
 def budget_of(text: str) -> tuple[str, int | None]:
-    """"10x" -> ("10x", None); "10x:3" -> ("10x", 3): the size, and the decoder layers (None: the teacher's)."""
+    """"10x" -> ("10x", None); "10x:3" -> ("10x", 3): the size, and the decoder layers (None: the teacher's, or the
+    student's for "10x:student")."""
     size, _, layers = text.partition(":")
-    return size, int(layers) if layers else None
+    return size, int(layers) if layers.isdigit() else None
 
 
 def budget_list(text: str) -> list[str]:
-    """--budgets' value: "10x,13x,10x:3" -> its items, each MB or Nx, with :D (decoder layers) or without."""
+    """--budgets' value: "10x,13x,10x:3,10x:student" -> its items, each MB or Nx, with :D (decoder layers),
+    :student or neither."""
     items = [b.strip() for b in text.split(",") if b.strip()]
     for item in items:
-        if not re.fullmatch(r"(\d+(\.\d+)?)x?(:[1-9]\d*)?", item):
+        if not re.fullmatch(r"(\d+(\.\d+)?)x?(:([1-9]\d*|student))?", item):
             raise argparse.ArgumentTypeError(f"{item!r} is not a budget: MB (15, 19.5) or Nx (10x), optionally "
-                                             "with :D decoder layers (10x:3)")
+                                             "with :D decoder layers (10x:3) or of the student (10x:student)")
     return items
 
 
 def budget_folder(text: str) -> str:
     size, layers = budget_of(text)
-    return f"budget-{size}" + (f"-d{layers}" if layers else "")
+    return f"budget-{size}" + (f"-d{layers}" if layers else "-student" if of_student(text) else "")
 
 
-def budget_name(text: str) -> str:
+def budget_name(text: str, fewer: int) -> str:
     size, layers = budget_of(text)
-    return f"budget {size}" + (f" (D {layers})" if layers else "") + " distillation-aware, ONNX"
+    where = f" of the student (D {fewer})" if of_student(text) else f" (D {layers})" if layers else ""
+    return f"budget {size}{where} distillation-aware, ONNX"
 
 
 def exported(args: argparse.Namespace, model: Path, name: str, log, **flags) -> Path:
@@ -236,7 +256,7 @@ def make_forms(args: argparse.Namespace, train: Path, log, ready=None) -> dict[s
     names = {"888-6-6": ("8-8-8 distillation-aware, ONNX", "888"), "228-6-6": ("2-2-8 distillation-aware, ONNX", "228"),
              "228-6-3": (f"2-2-8 (D {fewer}) distillation-aware, ONNX", "228-fewer"),
              **{name: (f"{bits} distillation-aware, ONNX", name) for name, bits, _ in uniform},
-             **{budget_folder(text): (budget_name(text), budget_folder(text)) for text in budgets(args, fewer)}}
+             **{budget_folder(text): (budget_name(text, fewer), budget_folder(text)) for text in budgets(args, fewer)}}
     students = [(f"student (D {fewer}), ONNX {label}", f"student-{flag or 'fp32'}", flag)
                 for label, flag in (("float32", None), ("--int8", "int8"), ("--int4", "int4"))]
     table = [TEACHER, "teacher, ONNX float32", *(name for name, _, _ in students),
@@ -253,12 +273,18 @@ def make_forms(args: argparse.Namespace, train: Path, log, ready=None) -> dict[s
 
     add(TEACHER, ("torch", teacher))
     add("teacher, ONNX float32", onnx(teacher, "teacher-fp32"))
+    def add_student(student: Path) -> None:
+        for name, export_name, flag in students:
+            add(name, onnx(student, export_name, **({flag: True} if flag else {})))
+
     for folder, model in make_quantized(args, train, fewer, uniform, log):
+        if folder == "student":  # made for a budget form of it: its own forms are scored now
+            add_student(model)
+            continue
         name, export_name = names[folder]
         add(name, onnx(model, export_name))
-    student = Path(args.student) if args.student else make_student(args, train, fewer, log)
-    for name, export_name, flag in students:
-        add(name, onnx(student, export_name, **({flag: True} if flag else {})))
+    if students[0][0] not in forms:
+        add_student(Path(args.student) if args.student else make_student(args, train, fewer, log))
     return {name: forms[name] for name in table}
 
 
@@ -379,7 +405,7 @@ def budget_against_uniform(forms: dict[str, tuple[str, Path]], results: dict[str
 
     found = []
     for name, (_, path) in forms.items():
-        if not name.startswith("budget "):
+        if not name.startswith("budget ") or " of the student " in name:  # a student's had more steps than any uniform
             continue
         uniform = {u: artifact_mb(p) for u, (_, p) in forms.items()
                    if u.split(" ")[0] in [*args.uniform, "2-2-8", "8-8-8"] and depth(u) == depth(name)}
@@ -568,7 +594,8 @@ def arguments() -> argparse.ArgumentParser:
                         help="more uniform W-E-A forms, all layers, comma-separated ('' for none) [default: 3-3-8,4-4-8]")
     parser.add_argument("--budgets", type=budget_list,
                         help="budget forms, comma-separated: MB, or Nx (the teacher's float32 weights over N), each "
-                        "with :D for D decoder layers ('' for none) [default: 10x,13x,10x:D, D: --decoder-layers]")
+                        "with :D for D decoder layers or :student for the distilled student ('' for none) "
+                        "[default: 10x,13x,10x:D,10x:student, D: --decoder-layers]")
     parser.add_argument("--calibration-examples", type=int, default=64, help="training examples each budget form's "
                         "sensitivity is measured on (quantize --calibration-examples) [default: 64]")
     parser.add_argument("--decoder-layers", type=int, help="the student's and the fewer-layer 2-2-8's [default: half]")

@@ -18,14 +18,16 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "frontier.py"
 SMALL = ["--tiny", "--no-write", "--student-steps", "1", "--quantize-steps", "1", "--max-tokens", "256", "--docs", "2",
          "--latency-docs", "1", "--throughput-docs", "2", "--rounds", "1", "--no-export-check",
          "--uniform", "", "--budgets", "4x", "--calibration-examples", "8"]
-# summarization's run also has a budget form with fewer decoder layers (the issue's 5x speed-up needs them)
-SUMMARIZATION = [*SMALL[:-3], "4x,4x:1", *SMALL[-2:]]
+# summarization's run also has a budget form with fewer decoder layers (the issue's 5x speed-up needs them) and one
+# of the distilled student (the whole chain)
+SUMMARIZATION = [*SMALL[:-3], "4x,4x:1,4x:student", *SMALL[-2:]]
 
 
 FORMS = ["teacher, PyTorch", "teacher, ONNX float32", "student (D 1), ONNX float32", "student (D 1), ONNX --int8",
          "student (D 1), ONNX --int4", "8-8-8 distillation-aware, ONNX", "2-2-8 distillation-aware, ONNX",
          "2-2-8 (D 1) distillation-aware, ONNX", "budget 4x distillation-aware, ONNX"]
 DEPTH_BUDGET = "budget 4x (D 1) distillation-aware, ONNX"
+STUDENT_BUDGET = "budget 4x of the student (D 1) distillation-aware, ONNX"
 
 
 def frontier_module(monkeypatch):
@@ -56,23 +58,26 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     stdout = run_main(frontier, monkeypatch, capsys, [*SUMMARIZATION, "--work", str(work)])
     report = json.loads((work / "frontier.json").read_text())
     forms, results = report["forms"], report["results"]
-    assert report["task"] == "summarization" and list(forms) == [*FORMS, DEPTH_BUDGET]
+    assert report["task"] == "summarization" and list(forms) == [*FORMS, DEPTH_BUDGET, STUDENT_BUDGET]
     for name, got in results.items():
         assert set(got["scores"]) == {"rouge1", "rouge2", "rougeL"} and len(got["ci95"]["rougeL"]) == 2, name
         assert got["mb"] > 0 and got["rss_mb"] > 0 and got["p50_ms"] > 0 and got["docs_s"] > 0, name
         assert (got["against_teacher"] is None) == (name == "teacher, PyTorch"), name
     # each form was scored as soon as it was made, and recorded then: the table's scores are those; the forms
-    # are made in the order issue 55's verdicts need them, the student (D 1) last
+    # are made in the order issue 55's verdicts need them: the fewer-layer forms, the student (D 1) and its budget
+    # form, then the forms of every layer
     progress = json.loads((work / "progress.json").read_text())
-    assert set(progress) == set(forms) and list(progress)[:2] == list(forms)[:2]  # the student made last:
-    assert list(progress)[-3:] == [name for name in forms if name.startswith("student")]  # issue 55 needs it least
+    students = [name for name in forms if name.startswith("student")]
+    assert list(progress) == [*FORMS[:2], "2-2-8 (D 1) distillation-aware, ONNX", DEPTH_BUDGET, *students,
+                              STUDENT_BUDGET, "2-2-8 distillation-aware, ONNX", "budget 4x distillation-aware, ONNX",
+                              "8-8-8 distillation-aware, ONNX"]
     assert all(progress[name]["scores"] == got["scores"] for name, got in results.items())
     shown = run_main(frontier, monkeypatch, capsys, [*SUMMARIZATION, "--work", str(work), "--progress"])
     assert len([line for line in shown.splitlines() if line.startswith("| ")]) == 1 + len(forms)
     # each export against the PyTorch model it came from (students' three exports share one evaluation)
     pytorch = {name: got["pytorch"] for name, got in results.items() if "pytorch" in got}
     assert set(pytorch) == set(forms) - {"teacher, PyTorch"}
-    assert pytorch["teacher, ONNX float32"]["within"] and len({t["path"] for t in pytorch.values() if "path" in t}) == 6
+    assert pytorch["teacher, ONNX float32"]["within"] and len({t["path"] for t in pytorch.values() if "path" in t}) == 7
     # the teacher exported to float32 summarizes as the teacher does: a paired test of identical scores gives p = 1
     assert results["teacher, ONNX float32"]["against_teacher"]["rougeL"] == 1.0
     # each form's own process: the runtime's (no torch) holds far less than PyTorch's
@@ -96,6 +101,11 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     assert shallow["uniform"] == "2-2-8 (D 1) distillation-aware, ONNX" and 0 <= shallow["p"]["rougeL"] <= 1
     assert json.loads((work / "budget-4x-d1" / "modelshrink.json").read_text())["options"]["decoder_layers"] == 1
     assert mb[DEPTH_BUDGET] < mb["budget 4x distillation-aware, ONNX"]
+    # the student's budget form: the distilled student quantized under the budget, taught by the teacher; it had the
+    # student's steps besides, so no uniform form is its equal and it is not compared with one
+    options = json.loads((work / "budget-4x-student" / "modelshrink.json").read_text())["options"]
+    assert Path(options["model"]) == work / "student-1" and Path(options["teacher"]) == work / "teacher"
+    assert frontier.artifact_mb(work / "onnx-budget-4x-student") <= teacher_mb / 4
     rows = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert len(rows) == 1 + len(forms) + 1 + len(pytorch) + 1 + 2
     assert ("Target met" in stdout or "Target not met" in stdout) and "Issue 55's target" in stdout
@@ -183,11 +193,13 @@ def test_frontier_task_is_checked_and_brings_its_defaults(monkeypatch, capsys):
     assert (args.student_steps, args.quantize_steps, args.max_tokens) == (1500, 300, 3072)
     assert args.teacher == "runs/repro/teacher" and args.figure.name == "frontier.png"
     # the budgets: 10x and 13x with every layer, 10x with the fewer decoder layers; MB or Nx, :D for depth
-    assert args.budgets is None and frontier.budgets(args, 3) == ["10x", "13x", "10x:3"]
-    assert frontier.arguments().parse_args(["--budgets", "15,10x:2"]).budgets == ["15", "10x:2"]
-    assert [frontier.budget_folder(t) for t in ("15", "10x:2")] == ["budget-15", "budget-10x-d2"]
-    assert frontier.budget_name("10x:2") == "budget 10x (D 2) distillation-aware, ONNX"
-    for bad in ("10x:a", "tenx", "10x:0", "-5"):
+    assert args.budgets is None and frontier.budgets(args, 3) == ["10x", "13x", "10x:3", "10x:student"]
+    assert frontier.arguments().parse_args(["--budgets", "15,10x:2,10x:student"]).budgets == ["15", "10x:2", "10x:student"]
+    assert [frontier.budget_folder(t) for t in ("15", "10x:2", "10x:student")] == \
+        ["budget-15", "budget-10x-d2", "budget-10x-student"]
+    assert frontier.budget_name("10x:2", 3) == "budget 10x (D 2) distillation-aware, ONNX"
+    assert frontier.budget_name("10x:student", 3) == "budget 10x of the student (D 3) distillation-aware, ONNX"
+    for bad in ("10x:a", "tenx", "10x:0", "-5", "10x:students", "student"):
         with pytest.raises(SystemExit):
             frontier.arguments().parse_args(["--budgets", bad])
         assert "is not a budget" in capsys.readouterr().err
