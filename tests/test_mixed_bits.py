@@ -220,6 +220,7 @@ def test_a_budget_plans_measures_and_never_exceeds(saved_models, tmp_path):
     written = (out / WEIGHTS_NAME).stat().st_size
     assert written == plan["written_bytes"] == plan["predicted_bytes"] <= 65_000 == plan["budget_bytes"]
     assert plan["smallest_bytes"] < written and "sensitivity_share_of_training" in plan
+    assert manifest["options"]["granularity"] == "row"  # a budget's default: replayed as it ran
     assert len(set(plan["bits"].values())) > 1  # a real mix at this budget
     saved = json.loads((out / PLAN_NAME).read_text())  # beside the artifact: bits, bytes, sensitivity per group
     assert {k: v["bits"] for k, v in saved["groups"].items()} == plan["bits"]
@@ -292,6 +293,15 @@ def test_bad_budgets_are_one_line(saved_models, tmp_path, args, message):
                                  "--device", "cpu", "-o", str(tmp_path / "q"), *args])
     assert result.exit_code == 1 and message in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_budget_scales_weights_per_row_unless_told():
+    """Per tensor, 4 bits can round outlier-heavy weights worse than ternary (benchmarks/weight_rounding.py), which
+    leaves a budget's 4-bit candidate nothing to buy: with --budget-mb the default scale is a row's."""
+    base = dict(model="m", data="d.jsonl", max_steps=1)
+    assert QuantizeOptions(**base).granularity == "tensor"  # DQ-BART's, for uniform bits
+    assert QuantizeOptions(**base, budget_mb=20).granularity == "row"
+    assert QuantizeOptions(**base, budget_mb=20, granularity="tensor").granularity == "tensor"
 
 
 def test_a_budget_needs_data(saved_models, tmp_path):

@@ -37,8 +37,10 @@ class QuantizeOptions(TrainOptions):
                              "2-2-8,cross_attention=8,decoder.ffn=4,decoder.0=8,lm_head=4.")
     method: str = opt("distill", "distill (distillation-aware training, DQ-BART 2.3) or direct.",
                       choices=("distill", "direct"))
-    granularity: str = opt("tensor", "Scale of linear weights: per tensor or per output row. Embeddings: always "
-                                     "per row.", choices=("tensor", "row"))
+    granularity: str | None = opt(None, "Scale of linear weights: per tensor or per output row. Embeddings: always "
+                                        "per row. [default: tensor (DQ-BART's); row with --budget-mb, whose 4-bit "
+                                        "candidates round outlier-heavy weights worse than ternary per tensor]",
+                                  choices=("tensor", "row", None))
     allow_low_activation_bits: bool = opt(False, "Permit activations below 8 bits.")
     activation_clip: float | None = opt(None, "Clamp activations to +-this before their max-abs scale, as the DQ-BART "
                                               "authors' code does (2.5). [default: no clamp]")
@@ -83,6 +85,8 @@ class QuantizeOptions(TrainOptions):
                                     "refused by default, since pickles can run code.")
 
     def check(self) -> None:
+        if self.granularity is None:  # benchmarks/weight_rounding.py: per tensor, 4 bits can round worse than 2
+            self.granularity = "row" if self.budget_mb is not None else "tensor"
         self.spec: Any = parse_bits(self.bits, self.allow_low_activation_bits, self.granularity,
                                     self.activation_clip)
         if self.budget_mb is not None:
