@@ -105,6 +105,8 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     # student's steps besides, so no uniform form is its equal and it is not compared with one
     options = json.loads((work / "budget-4x-student" / "modelshrink.json").read_text())["options"]
     assert Path(options["model"]) == work / "student-1" and Path(options["teacher"]) == work / "teacher"
+    assert all(json.loads((work / f / "modelshrink.json").read_text())["options"]["granularity"] == "row"
+               for f in ("228-6-6", "228-6-3", "budget-4x"))  # --granularity's default: scales per row
     assert frontier.artifact_mb(work / "onnx-budget-4x-student") <= teacher_mb / 4
     rows = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert len(rows) == 1 + len(forms) + 1 + len(pytorch) + 1 + 2
