@@ -220,7 +220,8 @@ def test_a_budget_plans_measures_and_never_exceeds(saved_models, tmp_path):
     written = (out / WEIGHTS_NAME).stat().st_size
     assert written == plan["written_bytes"] == plan["predicted_bytes"] <= 65_000 == plan["budget_bytes"]
     assert plan["smallest_bytes"] < written and "sensitivity_share_of_training" in plan
-    assert manifest["options"]["granularity"] == "row"  # a budget's default: replayed as it ran
+    # a budget's default scale is a row's (unset in the record, which replays to it)
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["granularity"] == "row"
     assert len(set(plan["bits"].values())) > 1  # a real mix at this budget
     saved = json.loads((out / PLAN_NAME).read_text())  # beside the artifact: bits, bytes, sensitivity per group
     assert {k: v["bits"] for k, v in saved["groups"].items()} == plan["bits"]
@@ -299,9 +300,9 @@ def test_a_budget_scales_weights_per_row_unless_told():
     """Per tensor, 4 bits can round outlier-heavy weights worse than ternary (benchmarks/weight_rounding.py), which
     leaves a budget's 4-bit candidate nothing to buy: with --budget-mb the default scale is a row's."""
     base = dict(model="m", data="d.jsonl", max_steps=1)
-    assert QuantizeOptions(**base).granularity == "tensor"  # DQ-BART's, for uniform bits
-    assert QuantizeOptions(**base, budget_mb=20).granularity == "row"
-    assert QuantizeOptions(**base, budget_mb=20, granularity="tensor").granularity == "tensor"
+    assert QuantizeOptions(**base).spec.granularity == "tensor"  # DQ-BART's, for uniform bits
+    assert QuantizeOptions(**base, budget_mb=20).spec.granularity == "row"
+    assert QuantizeOptions(**base, budget_mb=20, granularity="tensor").spec.granularity == "tensor"
 
 
 def test_a_budget_needs_data(saved_models, tmp_path):

@@ -85,10 +85,10 @@ class QuantizeOptions(TrainOptions):
                                     "refused by default, since pickles can run code.")
 
     def check(self) -> None:
-        if self.granularity is None:  # benchmarks/weight_rounding.py: per tensor, 4 bits can round worse than 2
-            self.granularity = "row" if self.budget_mb is not None else "tensor"
-        self.spec: Any = parse_bits(self.bits, self.allow_low_activation_bits, self.granularity,
-                                    self.activation_clip)
+        # unset: per row under a budget (benchmarks/weight_rounding.py: per tensor, 4 bits can round worse than 2);
+        # left unset in the record, which replays to the same choice
+        granularity = self.granularity or ("row" if self.budget_mb is not None else "tensor")
+        self.spec: Any = parse_bits(self.bits, self.allow_low_activation_bits, granularity, self.activation_clip)
         if self.budget_mb is not None:
             check_budget_spec(self.spec)
             parse_candidates(self.candidate_bits)
