@@ -148,19 +148,17 @@ def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = 
     elif options.budget_mb is not None:  # direct: only the budget's calibration sample is batched, by a count
         options = resolve_batching(options, "cpu")
     kind, models = _check_model(options)
-    if options.method == "direct":
-        out = quantize_direct(options, output, kind, models, overwrite=overwrite, resume=resume, log=log)
-    elif kind == "seq2seq":
-        out = quantize_seq2seq(options, output, models, overwrite=overwrite, resume=resume, progress=progress,
-                               log=log)
-    else:
-        out = quantize_classifier(options, output, models, overwrite=overwrite, resume=resume, progress=progress,
-                                  log=log)
-    if coarse_low_bits(options.spec):  # after the run: a refused one prints its one line alone
+    if coarse_low_bits(options.spec):
         log("note: 3- or 4-bit weights with one scale a tensor spend their levels on outliers (trained BERTs' FFN "
             "weights round worse at 4 bits than ternary; benchmarks/weight_rounding.py): --granularity row is "
             "usually better")
-    return out
+    if options.method == "direct":
+        return quantize_direct(options, output, kind, models, overwrite=overwrite, resume=resume, log=log)
+    if kind == "seq2seq":
+        return quantize_seq2seq(options, output, models, overwrite=overwrite, resume=resume, progress=progress,
+                                log=log)
+    return quantize_classifier(options, output, models, overwrite=overwrite, resume=resume, progress=progress,
+                               log=log)
 
 
 def coarse_low_bits(spec: Any) -> bool:
