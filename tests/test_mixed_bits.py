@@ -305,21 +305,6 @@ def test_a_budget_scales_weights_per_row_unless_told():
     assert QuantizeOptions(**base, budget_mb=20, granularity="tensor").spec.granularity == "tensor"
 
 
-def test_coarse_low_bits_are_noted_once_where_a_row_scale_would_do_better(saved_models, tmp_path):
-    from modelshrink.steps.quantize import coarse_low_bits
-
-    assert coarse_low_bits(parse_bits("4-4-8")) and coarse_low_bits(parse_bits("2-2-8,decoder.ffn=3"))
-    assert not coarse_low_bits(parse_bits("4-4-8", granularity="row"))
-    assert not coarse_low_bits(parse_bits("2-2-8")) and not coarse_low_bits(parse_bits("8-8-8,embeddings=4"))
-    notes = {}
-    for bits, granularity in (("4-4-8", "tensor"), ("4-4-8", "row")):
-        lines: list[str] = []
-        quantize(QuantizeOptions(model=str(saved_models["bart"]), bits=bits, method="direct", device="cpu",
-                                 granularity=granularity), tmp_path / granularity, log=lines.append)
-        notes[granularity] = [line for line in lines if "--granularity row is usually better" in line]
-    assert len(notes["tensor"]) == 1 and not notes["row"]
-
-
 def test_a_budget_needs_data(saved_models, tmp_path):
     result = runner.invoke(app, ["quantize", str(saved_models["bart"]), "--method", "direct", "--budget-mb", "1",
                                  "--device", "cpu", "-o", str(tmp_path / "q")])

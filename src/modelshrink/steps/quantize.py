@@ -148,10 +148,6 @@ def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = 
     elif options.budget_mb is not None:  # direct: only the budget's calibration sample is batched, by a count
         options = resolve_batching(options, "cpu")
     kind, models = _check_model(options)
-    if coarse_low_bits(options.spec):
-        log("note: 3- or 4-bit weights with one scale a tensor spend their levels on outliers (trained BERTs' FFN "
-            "weights round worse at 4 bits than ternary; benchmarks/weight_rounding.py): --granularity row is "
-            "usually better")
     if options.method == "direct":
         return quantize_direct(options, output, kind, models, overwrite=overwrite, resume=resume, log=log)
     if kind == "seq2seq":
@@ -159,15 +155,6 @@ def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = 
                                 log=log)
     return quantize_classifier(options, output, models, overwrite=overwrite, resume=resume, progress=progress,
                                log=log)
-
-
-def coarse_low_bits(spec: Any) -> bool:
-    """Whether linear weights get 3 or 4 bits with one scale a tensor (embeddings are scaled per row anyway)."""
-    from modelshrink.quant.spec import Selector
-
-    widths = {spec.weight_bits} | {bits for selector, bits in spec.rules
-                                   if Selector.parse(selector).kind not in ("embeddings", "lm_head")}
-    return spec.granularity == "tensor" and any(3 <= bits <= 4 for bits in widths)
 
 
 def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, models: Models, *,
