@@ -305,6 +305,27 @@ def test_a_budget_scales_weights_per_row_unless_told():
     assert QuantizeOptions(**base, budget_mb=20, granularity="tensor").spec.granularity == "tensor"
 
 
+def test_per_tensor_scales_at_3_or_4_bits_get_a_note_unless_asked_for(saved_models, tmp_path):
+    """At 3 or 4 bits one scale a tensor rounds a trained MiniLM's FFNs worse than ternary: a run that got per-tensor
+    scales by default says so once; one that asked for them, or scales per row, or ternary / 8 bits, does not."""
+    assert parse_bits("4-4-8").coarse_linear_bits == (4,)
+    assert parse_bits("2-2-8,decoder.ffn=3,cross_attention=4").coarse_linear_bits == (3, 4)
+    assert parse_bits("8-8-8,embeddings=4,lm_head=3").coarse_linear_bits == ()  # embeddings: per row anyway
+    assert parse_bits("4-4-8", granularity="row").coarse_linear_bits == () == parse_bits("2-2-8").coarse_linear_bits
+    notes = {}
+    for name, extra in (("default", {}), ("asked", {"granularity": "tensor"}), ("row", {"granularity": "row"})):
+        lines: list[str] = []
+        quantize(QuantizeOptions(model=str(saved_models["bart"]), bits="4-4-8", method="direct", device="cpu",
+                                 **extra), tmp_path / name, log=lines.append)
+        notes[name] = [line for line in lines if "--granularity row is usually better" in line]
+    assert len(notes["default"]) == 1 and "4-bit weights with one scale a tensor" in notes["default"][0]
+    assert notes["asked"] == [] and notes["row"] == []
+    lines = []
+    quantize(QuantizeOptions(model=str(saved_models["bart"]), bits="2-2-8", method="direct", device="cpu"),
+             tmp_path / "ternary", log=lines.append)
+    assert not any("granularity row" in line for line in lines)
+
+
 def test_a_budget_needs_data(saved_models, tmp_path):
     result = runner.invoke(app, ["quantize", str(saved_models["bart"]), "--method", "direct", "--budget-mb", "1",
                                  "--device", "cpu", "-o", str(tmp_path / "q")])

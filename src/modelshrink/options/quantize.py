@@ -84,6 +84,16 @@ class QuantizeOptions(TrainOptions):
     allow_pickle: bool = opt(False, "Load pickle weights (pytorch_model.bin) with torch.load(weights_only=True); "
                                     "refused by default, since pickles can run code.")
 
+    @property
+    def scale_note(self) -> str | None:
+        """A line for a run whose 3- or 4-bit linear weights got one scale a tensor by default (not asked for)."""
+        bits = self.spec.coarse_linear_bits if self.granularity is None else ()
+        if not bits:
+            return None
+        return (f"note: {' and '.join(map(str, bits))}-bit weights with one scale a tensor (the default, DQ-BART's) "
+                "spend their levels on outliers: a trained MiniLM's feed-forward weights round worse at 4 bits than "
+                "ternary (benchmarks/weight_rounding.py); --granularity row is usually better")
+
     def check(self) -> None:
         # unset: per row under a budget (benchmarks/weight_rounding.py: per tensor, 4 bits can round worse than 2);
         # left unset in the record, which replays to the same choice

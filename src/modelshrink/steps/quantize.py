@@ -179,7 +179,7 @@ def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, mod
     if options.budget_mb is not None:  # the model as it is teaches its quantized self on the calibration sample
         spec, plan, counts = _direct_plan(options, kind, models.model, model, device, log)
     else:
-        counts = quantize_model(model, spec)
+        counts = _quantize_modules(model, options, log)
     log(f"quantized {counts['linear']} linear layers, {counts['embedding']} embedding modules, "
         f"{counts['lm_head']} LM head ({spec.base_label if plan else spec.label}, {spec.granularity}"
         + (f", activations clamped to +-{spec.activation_clip})" if spec.activation_clip else ")"))
@@ -194,6 +194,14 @@ def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, mod
         (writer.staging / "README.md").write_text("\n".join(card) + "\n")
         return commit_model(writer, step="quantize", options=options.recorded(), parents=parents,
                             metrics=metrics, resolved={"bits": asdict(spec), "kind": kind})
+
+
+def _quantize_modules(model: Any, options: QuantizeOptions, log: Callable[[str], None]) -> dict[str, int]:
+    """`model`'s modules quantized to --bits (no budget), with the note on per-tensor scales where it applies."""
+    counts = quantize_model(model, options.spec)
+    if options.scale_note:
+        log(options.scale_note)
+    return counts
 
 
 def _direct_plan(options: QuantizeOptions, kind: str, source: ModelSource, model: Any, device: str,
@@ -268,7 +276,7 @@ def quantize_seq2seq(options: QuantizeOptions, output: str | Path, models: Model
         spec, plan, counts = _seq2seq_plan(options, settings, built, rows, max_source_length,
                                            run.staging if resume else None, accelerator, log)
     else:
-        counts = quantize_model(student, spec)
+        counts = _quantize_modules(student, options, log)
     if options.gradient_checkpointing:
         enable_gradient_checkpointing(student)
     staging = run.open(parent_refs(("data", settings.data), ("teacher", settings.teacher),
@@ -401,7 +409,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, models: Mo
     if options.budget_mb is not None:
         spec, plan, counts = _classifier_plan(options, teacher, student, tokenizer, rows, max_length, run)
     else:
-        counts = quantize_model(student, spec)
+        counts = _quantize_modules(student, options, log)
     if options.gradient_checkpointing:
         enable_gradient_checkpointing(student)
     if options.kd_attention:
