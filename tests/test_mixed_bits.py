@@ -21,7 +21,7 @@ from modelshrink.errors import UserError
 from modelshrink.quant.budget import PLAN_NAME, allocate
 from modelshrink.quant.groups import weight_groups
 from modelshrink.quant.model import WEIGHTS_NAME, load_quantized, predicted_bytes, save_quantized
-from modelshrink.quant.modules import latent_weights, quantize_model
+from modelshrink.quant.modules import latent_weights, per_tensor_widths, quantize_model
 from modelshrink.quant.spec import Group, parse_bits, parse_candidates
 from modelshrink.steps.quantize import QuantizeOptions, quantize
 
@@ -308,10 +308,16 @@ def test_a_budget_scales_weights_per_row_unless_told():
 def test_per_tensor_scales_at_3_or_4_bits_get_a_note_unless_asked_for(saved_models, tmp_path):
     """At 3 or 4 bits one scale a tensor rounds a trained MiniLM's FFNs worse than ternary: a run that got per-tensor
     scales by default says so once; one that asked for them, or scales per row, or ternary / 8 bits, does not."""
-    assert parse_bits("4-4-8").coarse_linear_bits == (4,)
-    assert parse_bits("2-2-8,decoder.ffn=3,cross_attention=4").coarse_linear_bits == (3, 4)
-    assert parse_bits("8-8-8,embeddings=4,lm_head=3").coarse_linear_bits == ()  # embeddings: per row anyway
-    assert parse_bits("4-4-8", granularity="row").coarse_linear_bits == () == parse_bits("2-2-8").coarse_linear_bits
+    def widths(bits: str, granularity: str = "tensor") -> tuple[int, ...]:  # read from the quantized model
+        model, _ = build("bart")
+        quantize_model(model, parse_bits(bits, granularity=granularity))
+        return per_tensor_widths(model)
+
+    assert widths("4-4-8") == (4,)
+    assert widths("2-2-8,decoder.ffn=3,cross_attention=4") == (3, 4)
+    assert widths("8-8-8,embeddings=4") == ()  # embeddings and the (tied) LM head: per row anyway
+    assert widths("4-4-8,encoder=8,decoder=8") == ()  # every layer moved off the base's 4 bits
+    assert widths("4-4-8", granularity="row") == () == widths("2-2-8")
     notes = {}
     for name, extra in (("default", {}), ("asked", {"granularity": "tensor"}), ("row", {"granularity": "row"})):
         lines: list[str] = []

@@ -84,13 +84,12 @@ class QuantizeOptions(TrainOptions):
     allow_pickle: bool = opt(False, "Load pickle weights (pytorch_model.bin) with torch.load(weights_only=True); "
                                     "refused by default, since pickles can run code.")
 
-    @property
-    def scale_note(self) -> str | None:
-        """A line for a run whose 3- or 4-bit linear weights got one scale a tensor by default (not asked for)."""
-        bits = self.spec.coarse_linear_bits if self.granularity is None else ()
-        if not bits:
+    def scale_note(self, widths: tuple[int, ...]) -> str | None:
+        """A line for a run whose 3- or 4-bit linear weights (`widths`, read from the quantized model) got one scale
+        a tensor by default, not asked for."""
+        if not widths or self.granularity is not None:
             return None
-        return (f"note: {' and '.join(map(str, bits))}-bit weights with one scale a tensor (the default, DQ-BART's) "
+        return (f"note: {' and '.join(map(str, widths))}-bit weights with one scale a tensor (the default, DQ-BART's) "
                 "spend their levels on outliers: a trained MiniLM's feed-forward weights round worse at 4 bits than "
                 "ternary (benchmarks/weight_rounding.py); --granularity row is usually better")
 

@@ -190,6 +190,16 @@ def quantize_model(model: nn.Module, spec: QuantSpec, weights: bool = True) -> d
     return counts
 
 
+def per_tensor_widths(model: nn.Module) -> tuple[int, ...]:
+    """The 3- and 4-bit widths that `model`'s quantized weights took under one scale a tensor, read from the modules
+    themselves (so a map whose rules move every layer of a 4-bit base elsewhere has none): the widths where a trained
+    BERT's outliers round worse than ternary (benchmarks/weight_rounding.py)."""
+    widths = {quantizer.bits for module in model.modules() if parametrize.is_parametrized(module, "weight")
+              for quantizer in module.parametrizations.weight
+              if isinstance(quantizer, FakeQuant) and not quantizer.per_row}
+    return tuple(sorted(widths & {3, 4}))
+
+
 def _lookup_unshared_embeddings(model: nn.Module) -> None:
     """Give each fake-quantized embedding whose latent table no other module uses the forward that quantizes only
     the rows it looks up (`_looked_up_rows`); a table tied to the LM head, or shared by two modules, is quantized

@@ -127,16 +127,6 @@ class QuantSpec:
     def with_rules(self, rules: tuple[tuple[str, int], ...]) -> "QuantSpec":
         return replace(self, rules=tuple(rules))
 
-    @property
-    def coarse_linear_bits(self) -> tuple[int, ...]:
-        """The 3- and 4-bit widths that linear weights get under one scale a tensor (embeddings and the LM head are
-        scaled per row whatever the granularity): where a trained BERT's outliers round worse than ternary."""
-        if self.granularity != "tensor":
-            return ()
-        widths = {self.weight_bits} | {bits for selector, bits in self.rules
-                                       if Selector.parse(selector).kind not in ("embeddings", "lm_head")}
-        return tuple(sorted(b for b in widths if b in (3, 4)))
-
 
 def _parse_rule(text: str, whole: str) -> tuple[str, int]:
     selector, sep, value = text.partition("=")

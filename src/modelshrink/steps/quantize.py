@@ -26,7 +26,7 @@ from modelshrink.options.batching import resolve_batching
 from modelshrink.options.distill import DistillOptions
 from modelshrink.options.quantize import QuantizeOptions
 from modelshrink.quant.model import save_quantized
-from modelshrink.quant.modules import check_quantizable, quantize_model, weights_once
+from modelshrink.quant.modules import check_quantizable, per_tensor_widths, quantize_model, weights_once
 from modelshrink.training.runs import TrainingRun, finished, parent_refs, reproduce_section, save_best_with, training_metrics
 from modelshrink.training.loop import enable_gradient_checkpointing, place_teacher, train
 
@@ -199,8 +199,9 @@ def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, mod
 def _quantize_modules(model: Any, options: QuantizeOptions, log: Callable[[str], None]) -> dict[str, int]:
     """`model`'s modules quantized to --bits (no budget), with the note on per-tensor scales where it applies."""
     counts = quantize_model(model, options.spec)
-    if options.scale_note:
-        log(options.scale_note)
+    note = options.scale_note(per_tensor_widths(model))
+    if note:
+        log(note)
     return counts
 
 
