@@ -100,6 +100,42 @@ def test_a_bias_from_weights_or_a_second_reader_keeps_the_graph_as_traced(traced
     assert path.read_bytes() == before  # all layers or none
 
 
+
+def test_a_kept_binding_binds_again_only_the_arrays_that_changed(traced_and_fused, monkeypatch):
+    """runtime.cache.Binding across two steps: the second binds only its new token array (the buffers, written
+    in place, and the length, advanced in place, stay bound) and computes what the traced graph does."""
+    import onnxruntime as ort
+
+    from modelshrink.runtime.cache import PAST_LENGTH, Binding
+
+    traced, fused = traced_and_fused
+    a = ort.InferenceSession(str(traced / "decoder_with_past_model.onnx"), providers=["CPUExecutionProvider"])
+    b = ort.InferenceSession(str(fused), providers=["CPUExecutionProvider"])
+    names = [o.name for o in a.get_outputs()]
+    rng = np.random.default_rng(1)
+    feed = _feed(rng, batch=3, past=5)
+    buffers = {n: np.zeros((3, 4, 9, 8), dtype=np.float32) for n in feed if ".decoder." in n}
+    for name, buffer in buffers.items():
+        buffer[:, :, :5] = feed[name]
+    logits = np.empty((3, 1, a.get_outputs()[0].shape[-1]), dtype=np.float32)
+    into = {"logits": logits, **{n.replace("past_key_values", "present"): v for n, v in buffers.items()}}
+    bound = []
+    real = ort.OrtValue.ortvalue_from_numpy
+    monkeypatch.setattr(ort.OrtValue, "ortvalue_from_numpy", lambda value, *rest: (bound.append(value), real(value, *rest))[1])
+    length = np.array([5], np.int64)
+    binding = Binding(b, names)
+    binding.run({**feed, **buffers, PAST_LENGTH: length}, into)
+    assert len(bound) == len(feed) + 1 + len(into)  # every input (past_sequence_length too) and every output
+    bound.clear()
+    tokens = rng.integers(5, 30, (3, 1))
+    length[0] = 6
+    expected = dict(zip(names, a.run(None, {**feed, "input_ids": tokens, **{n: v[:, :, :6].copy() for n, v in buffers.items()}})))
+    out = binding.run({**feed, "input_ids": tokens, **buffers, PAST_LENGTH: length}, into)
+    assert len(bound) == 1 and bound[0] is tokens
+    np.testing.assert_allclose(out["logits"], expected["logits"], atol=1e-5)
+    for name, buffer in buffers.items():
+        np.testing.assert_allclose(buffer[:, :, :7], expected[name.replace("past_key_values", "present")], atol=1e-5)
+
 @pytest.mark.slow
 def test_the_runtime_gives_the_traced_export_s_tokens_and_grows_a_short_cache(plain_models, tmp_path, monkeypatch):
     from modelshrink.runtime import cache, load
@@ -120,18 +156,15 @@ def test_the_runtime_gives_the_traced_export_s_tokens_and_grows_a_short_cache(pl
     assert (fused.cross_beams, traced.cross_beams) == (2, 0)
     enc = fused.encode(DOCUMENTS[:5])
     assert len(set(enc["attention_mask"].sum(axis=1))) > 1  # sources of different lengths
+    made = cache.InPlaceCache.__init__
     for beams in (1, 2, 3):
         settings = fused.settings(num_beams=beams, min_length=8, max_length=12)
         expected = traced.generate_ids(enc["input_ids"], enc["attention_mask"], settings)
         np.testing.assert_array_equal(fused.generate_ids(enc["input_ids"], enc["attention_mask"], settings), expected)
         # a search longer than the buffers it was given: they double, the tokens stay the same
-        monkeypatch.setattr(cache.InPlaceCache, "__init__", _small_cache)
+        monkeypatch.setattr(cache.InPlaceCache, "__init__", lambda self, model, capacity: made(self, model, 2))
         np.testing.assert_array_equal(fused.generate_ids(enc["input_ids"], enc["attention_mask"], settings), expected)
         monkeypatch.undo()
-
-
-def _small_cache(self, model, capacity):
-    self.model, self.capacity, self.length, self.logits, self.vocab = model, 2, 0, None, 0
 
 
 @pytest.mark.slow

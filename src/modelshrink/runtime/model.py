@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import UserError
 from .files import CLASSIFIER, DECODER, DECODER_MERGED, DECODER_WITH_PAST, ENCODER, SEARCH_OPS, graph_path, is_export
-from .cache import CROSS_BEAMS, PAST_LENGTH, InPlaceCache, _run_bound
+from .cache import CROSS_BEAMS, PAST_LENGTH, Binding, InPlaceCache
 from .cpu import missing_features
 from .search import DOCUMENTS, beam_search, candidates, greedy
 from .settings import Search, search_from_configs
@@ -73,6 +73,8 @@ def _tokenizer(path: Path) -> Any:
 AVOIDED_BY = {"MatMulNBits": "--kernel float", "DynamicQuantizeMatMul": "--kernel float",
               "MatMulIntegerToFloat": "--kernel float", "GatherBlockQuantized": "--int8",
               "GroupQueryAttention": "--self-attention traced"}
+# a merged decoder's branch flag: the same arrays at every step, so that a kept I/O binding binds them once
+_WITH_PAST, _FIRST_STEP = np.array([True]), np.array([False])
 
 
 def _require_ops(needed: list[str], folder: str | os.PathLike) -> None:
@@ -207,6 +209,7 @@ class ExportedModel:
         self.per_document = frozenset(n for n in self.past_names if inputs[n] and inputs[n][0] == DOCUMENTS)
         # the static axes (heads, head size, width) of the inputs that a merged decoder's other branch ignores
         self._static = {n: [d if isinstance(d, int) else 0 for d in shape] for n, shape in inputs.items()}
+        self._empties: dict[tuple[str, int], np.ndarray] = {}
         # a decoder whose self-attention writes its cache in place (modelshrink.onnx.self_attention)
         self.cache_in_place = PAST_LENGTH in {i.name for i in self.decoder_with_past.get_overridable_initializers()}
         # the rows a document for which its cross-attention reads each document's own length (0: none)
@@ -292,31 +295,40 @@ class ExportedModel:
         return hidden
 
     def _empty(self, name: str, batch: int) -> np.ndarray:
-        shape = list(self._static[name])
-        shape[0] = batch  # every other dynamic axis (source, past length) empty
-        return np.zeros(shape, dtype=np.float32)
+        """What a merged decoder is fed for an input only its other branch reads: `batch` rows, every other dynamic
+        axis (source, past length) empty; the same array for the same rows, so that a kept binding keeps it."""
+        key = (name, batch)
+        if key not in self._empties:
+            shape = list(self._static[name])
+            shape[0] = batch
+            self._empties[key] = np.zeros(shape, dtype=np.float32)
+        return self._empties[key]
 
-    def run_decoder(self, feed: dict[str, np.ndarray], with_past: bool,
-                    into: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    def run_decoder(self, feed: dict[str, np.ndarray], with_past: bool, into: dict[str, np.ndarray] | None = None,
+                    binding: Binding | None = None) -> dict[str, np.ndarray]:
         """One decoder call, first step or with past (feed: that graph's inputs); every output by name.
         With a merged decoder, the inputs only the other branch reads are fed empty. The outputs named in
         `into` are written into those (C-contiguous) arrays, which may also be inputs: onnxruntime's
-        GroupQueryAttention then writes its one new cache position in place (runtime/cache.py)."""
+        GroupQueryAttention then writes its one new cache position in place (runtime/cache.py); `binding`
+        (of the decoder with past, with `into`) is the I/O binding kept from the search's last step."""
         session = self.decoder_with_past if with_past else self.decoder
         names = self.output_names["past" if with_past and not self.merged else "first"]
         if self.merged:
-            feed = dict(feed, use_cache_branch=np.array([with_past]))
+            feed = dict(feed, use_cache_branch=_WITH_PAST if with_past else _FIRST_STEP)
             batch = feed["input_ids"].shape[0]
             for name in self._static:
                 if name not in feed:
                     feed[name] = self._empty(name, batch)
+        # with past, the cross-attention's keys and values stay the first step's: a merged decoder's and a fused
+        # cross-attention's presents are empty, or written in place into what the caller fed
+        def kept(name: str) -> bool:
+            return not (with_past and ".encoder." in name)
+
         if into is None:
             out = dict(zip(names, session.run(None, feed)))
         else:
-            out = _run_bound(session, names, feed, into)
-        # with past, the cross-attention's keys and values stay the first step's: a merged decoder's and a fused
-        # cross-attention's presents are empty, or written in place into what the caller fed
-        return {n: v for n, v in out.items() if not (with_past and ".encoder." in n)}
+            out = (binding or Binding(session, names)).run(feed, into, wanted=kept)
+        return {n: v for n, v in out.items() if kept(n)}
 
     def _first_step(self, tokens: np.ndarray, hidden: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, dict]:
         out = self.run_decoder({"input_ids": tokens, "encoder_attention_mask": mask, "encoder_hidden_states": hidden},
