@@ -61,7 +61,7 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     assert report["task"] == "summarization" and list(forms) == [*FORMS, DEPTH_BUDGET, STUDENT_BUDGET]
     for name, got in results.items():
         assert set(got["scores"]) == {"rouge1", "rouge2", "rougeL"} and len(got["ci95"]["rougeL"]) == 2, name
-        assert got["mb"] > 0 and got["rss_mb"] > 0 and got["p50_ms"] > 0 and got["docs_s"] > 0, name
+        assert min(got[k] for k in ("mb", "rss_mb", "p50_ms", "p50_alone_ms", "docs_s")) > 0, name
         assert (got["against_teacher"] is None) == (name == "teacher, PyTorch"), name
     # each form was scored as soon as it was made, and recorded then: the table's scores are those; the forms
     # are made in the order issue 55's verdicts need them: the fewer-layer forms, the student (D 1) and its budget
@@ -134,7 +134,7 @@ def test_frontier_tiny_translation_scores_every_form_by_bleu(tmp_path, monkeypat
     for name, got in results.items():
         assert set(got["scores"]) == {"bleu", "chrf"} and len(got["ci95"]["bleu"]) == 2, name
         assert 0 <= got["scores"]["bleu"] <= 100 and 0 <= got["scores"]["chrf"] <= 100, name
-        assert got["mb"] > 0 and got["rss_mb"] > 0 and got["p50_ms"] > 0 and got["docs_s"] > 0, name
+        assert min(got[k] for k in ("mb", "rss_mb", "p50_ms", "p50_alone_ms", "docs_s")) > 0, name
         # the paired test against the teacher, on BLEU, for every form but the teacher itself
         assert (got["against_teacher"] is None) == (name == "teacher, PyTorch"), name
         assert name == "teacher, PyTorch" or 0 < got["against_teacher"]["bleu"] <= 1, name
