@@ -121,7 +121,7 @@ class InPlaceCache:
         feed = {"input_ids": self.tokens, "encoder_attention_mask": mask, PAST_LENGTH: self.past_length,
                 **{n: past[n] for n in model.past_names}}
         if self.binding is None:
-            self.binding = Binding(model.decoder_with_past, model.output_names["first" if model.merged else "past"])
+            self.binding = model.decoder_binding()
         model.run_decoder(feed, with_past=True, into=into, binding=self.binding)
         self.length += 1
         return self.logits[:, -1, :], past

@@ -312,7 +312,7 @@ class ExportedModel:
         GroupQueryAttention then writes its one new cache position in place (runtime/cache.py); `binding`
         (of the decoder with past, with `into`) is the I/O binding kept from the search's last step."""
         session = self.decoder_with_past if with_past else self.decoder
-        names = self.output_names["past" if with_past and not self.merged else "first"]
+        names = self._output_names(with_past)
         if self.merged:
             feed = dict(feed, use_cache_branch=_WITH_PAST if with_past else _FIRST_STEP)
             batch = feed["input_ids"].shape[0]
@@ -329,6 +329,13 @@ class ExportedModel:
         else:
             out = (binding or Binding(session, names)).run(feed, into, wanted=kept)
         return {n: v for n, v in out.items() if kept(n)}
+
+    def _output_names(self, with_past: bool) -> list[str]:
+        return self.output_names["past" if with_past and not self.merged else "first"]
+
+    def decoder_binding(self) -> Binding:
+        """An I/O binding of the decoder with past, for a search to keep from step to step (`run_decoder`)."""
+        return Binding(self.decoder_with_past, self._output_names(with_past=True))
 
     def _first_step(self, tokens: np.ndarray, hidden: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, dict]:
         out = self.run_decoder({"input_ids": tokens, "encoder_attention_mask": mask, "encoder_hidden_states": hidden},
