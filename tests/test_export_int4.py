@@ -49,6 +49,8 @@ def test_int4_export_stores_matmul_weights_in_four_bits_and_runs(int4_exports, f
         assert any(o.domain == "com.microsoft" for o in model.opset_import)
         inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
         nodes = graph_nodes(model.graph)
+        # every stored tensor is read (a table no matmul shares keeps no packed zero points for one)
+        assert set(inits) <= {name for n in nodes for name in n.input}
         int4 = [n for n in nodes if n.op_type == "MatMulNBits"]
         assert int4 and all(inits[n.input[1]].dtype == np.uint8 for n in int4)
         # no MatMul is left with a float weight; the remaining ones multiply activations (attention)

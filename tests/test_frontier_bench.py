@@ -14,10 +14,10 @@ from transformers.utils import logging as hf_logging
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "frontier.py"
 # a few small training batches (--max-tokens): the run's plumbing is tested here, not what training buys. The tiny
-# teacher at 2 bits is ~5x smaller: a 4x budget mixes bits
+# teacher at 2 bits is ~5x smaller: a 4x budget of its artifact mixes bits (its export is mostly graph)
 SMALL = ["--tiny", "--no-write", "--student-steps", "1", "--quantize-steps", "1", "--max-tokens", "256", "--docs", "2",
-         "--latency-docs", "1", "--throughput-docs", "2", "--rounds", "1", "--no-export-check",
-         "--uniform", "", "--budgets", "4x", "--calibration-examples", "8"]
+         "--latency-docs", "1", "--throughput-docs", "2", "--rounds", "1", "--no-export-check", "--budget-of",
+         "artifact", "--uniform", "", "--budgets", "4x", "--calibration-examples", "8"]
 # summarization's run also has a budget form with fewer decoder layers (the issue's 5x speed-up needs them) and one
 # of the distilled student (the whole chain)
 SUMMARIZATION = [*SMALL[:-3], "4x,4x:1,4x:student", *SMALL[-2:]]
@@ -108,6 +108,17 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     assert all(json.loads((work / f / "modelshrink.json").read_text())["options"]["granularity"] == "row"
                for f in ("228-6-6", "228-6-3", "budget-4x"))  # --granularity's default: scales per row
     assert frontier.artifact_mb(work / "onnx-budget-4x-student") <= teacher_mb / 4
+    # --budget-of export (the default): the artifact's budget is the export's less the graph the uniform 2-2-8 export
+    # of that depth adds; a finished form keeps the budget it was made with
+    said = []
+    exporting = frontier.arguments().parse_args([*SUMMARIZATION, "--work", str(work), "--budget-of", "export"])
+    graph = frontier.weight_mb("onnx", work / "onnx-228-fewer") - frontier.artifact_mb(work / "onnx-228-fewer")
+    assert exporting.budget_of == "export" and 0 < graph < 0.5
+    assert frontier.artifact_budget(exporting, 5.0, work / "budget-9x-d1", 1, said.append) == pytest.approx(5.0 - graph)
+    assert "onnx-228-fewer adds" in said[0]
+    recorded = json.loads((work / "budget-4x-d1" / "modelshrink.json").read_text())["options"]["budget_mb"]
+    assert frontier.artifact_budget(exporting, 5.0, work / "budget-4x-d1", 1, said.append) == recorded
+    assert "budget-4x-d1 is finished under" in said[-1]
     rows = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert len(rows) == 1 + len(forms) + 1 + len(pytorch) + 1 + 2
     assert ("Target met" in stdout or "Target not met" in stdout) and "Issue 55's target" in stdout

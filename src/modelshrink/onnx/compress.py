@@ -2,7 +2,8 @@
 
 A `quantize` artifact's weights are α·b with integer b (ternary, or |b| <= 2^(bits-1) - 1), found by value in
 the traced graphs (the exporter renames and transposes linear weights, but it keeps their values exactly):
-- `keep_low_bits`: matmul weights and embedding tables as codes of their own width (ternary in 2 bits, 3-4-bit
+- `keep_low_bits`: matmul weights and embedding tables as codes of their own width (ternary in 2 bits, stored
+  five a byte in base 3; a scale a column stored once, not once a block; 3-4-bit
   weights in 4, 5-8-bit weights in 8; `modelshrink.onnx.lowbit`), a tied output projection sharing its table's
   codes, each matmul computing with the kernel measured fastest for it (`modelshrink.onnx.kernels`): the uint8
   kernel on the model's own codes of its input (`modelshrink.onnx.rounding.integer_activations`), exactly the
@@ -31,8 +32,8 @@ ROUNDINGS = ("model", "none", "kernel")  # whose rounding of the activations a q
 def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice, rounding: str = "model") -> dict[str, Any]:
     """Rewrite the graph at `path`: every matmul weight and embedding table that is α·b with integer b (one α per
     tensor, per output column of a matmul, or per row of a table) is stored as codes of its own width (ternary
-    2 bits, 3-4-bit weights 4, 5-8-bit weights 8; a ternary weight computing with the 4-bit kernel is widened when
-    the graph loads; a table and its tied projection share one copy) and computes
+    2 bits, held five a byte in base 3, 3-4-bit weights 4, 5-8-bit weights 8; a ternary weight computing with the
+    4-bit kernel is widened when the graph loads; a table and its tied projection share one copy) and computes
     with the kernel `choice` measures fastest for it (`modelshrink.onnx.kernels`). `rounding` says whose rounding
     of the activations the graph computes:
     - "model" and "none": a matmul's input that the model rounds keeps the model's rounding: only kernels that

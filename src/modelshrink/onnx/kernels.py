@@ -169,7 +169,8 @@ def candidates_for(threshold: int | None) -> list[tuple[str, int]]:
 def stored_bits(threshold: int | None, bits: int) -> int:
     """How wide the codes of a weight computing at `bits` are stored: a ternary weight (threshold 1) in 2 bits
     whatever its kernel reads (4-bit MatMulNBits, measured faster than the 2-bit one at every shape, widens them
-    when the graph loads, so the folder keeps 2 bits a weight), any other at the kernel's width."""
+    when the graph loads; the file holds them five a byte in base 3, `modelshrink.onnx.lowbit`), any other at
+    the kernel's width."""
     return 2 if threshold == 1 else bits
 
 

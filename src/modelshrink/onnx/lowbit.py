@@ -12,6 +12,14 @@ The layout is the ops' (onnxruntime's docs/ContribOperators.md):
 - zero points uint8 [N · ceil(n_blocks · bits / 8)], packed the same way, each column starting on a byte.
 K that is not a multiple of the block size is padded with the zero point (a weight of 0).
 
+Two layouts are smaller on disk than what the ops read, and constant nodes (`modelshrink.onnx.unpacking`) turn
+them into it when a session loads the graph:
+- a ternary weight's 2-bit codes (1, 2, 3 under the zero point 2) in base 3, five a byte (`pack_trits`):
+  the codes of [N, n_blocks, block_size] in row-major order, byte = sum_j (code_{5i+j} - 1) · 3^j, the tail
+  padded with code 2 (a weight of 0); 1.6 bits a weight, as a `quantize` artifact stores them, against 2;
+- one scale a column, where every block of a column has the same one (a `quantize` artifact's per-row
+  scales): float [N], expanded to [N, n_blocks].
+
 An embedding table E [V, D] is that same object with N = V and K = D: its row v is column v of E^T, the
 tied output projection. GatherBlockQuantized reads the very bytes of the codes as data [V, n_blocks,
 block_size · bits / 8] quantized along axis 2 (one block each), so a table and its tied projection share
@@ -188,6 +196,36 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
     for j in range(per):
         packed |= (codes[..., j::per].astype(np.uint8) << (bits * j)).astype(np.uint8)
     return packed
+
+
+TRITS_PER_BYTE = 5  # 3^5 = 243 <= 256
+
+
+def ternary(blocks: Blocks) -> bool:
+    """Whether `blocks` are a ternary weight's 2-bit codes (1, 2, 3 under the default zero point), which
+    `pack_trits` stores five a byte."""
+    return (blocks.bits == 2 and blocks.zero_points is None and blocks.codes.size > 0
+            and int(blocks.codes.min()) >= 1)
+
+
+def pack_trits(codes: np.ndarray) -> np.ndarray:
+    """2-bit codes in 1..3 (any shape) as 1-D uint8, five a byte in base 3 (the module's text)."""
+    digits = codes.reshape(-1).astype(np.int16) - 1
+    if digits.size and (digits.min() < 0 or digits.max() > 2):
+        raise ValueError("only a ternary weight's codes (1, 2, 3) pack in base 3")
+    digits = np.concatenate([digits, np.ones(-digits.size % TRITS_PER_BYTE, dtype=np.int16)])
+    return (digits.reshape(-1, TRITS_PER_BYTE) * 3 ** np.arange(TRITS_PER_BYTE)).sum(axis=1).astype(np.uint8)
+
+
+def trit_table() -> np.ndarray:
+    """uint8 [243, 5]: the five 2-bit codes each base-3 byte holds (a lookup the graph decodes with)."""
+    values = np.arange(3 ** TRITS_PER_BYTE)
+    return np.stack([values // 3 ** j % 3 + 1 for j in range(TRITS_PER_BYTE)], axis=1).astype(np.uint8)
+
+
+def unpack_trits(packed: np.ndarray, count: int) -> np.ndarray:
+    """The first `count` codes `pack_trits` stored, 1-D uint8."""
+    return trit_table()[packed.astype(np.int64)].reshape(-1)[:count]
 
 
 def unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:

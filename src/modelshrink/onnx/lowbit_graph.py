@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from modelshrink.onnx.lowbit import ACCURACY_INT8, DOMAIN, FLOAT, INTEGER_WEIGHTS, KERNELS, NBITS, Blocks, \
-    consumers_of, pack
+    consumers_of, pack, pack_trits, ternary
 from modelshrink.onnx.unpacking import LoadTimeUnpacking
 
 
@@ -66,10 +66,23 @@ class LowBitGraph:
         self.bytes_before += int(np.prod(init.dims)) * 4
 
     def _packed(self, name: str, blocks: Blocks) -> tuple[str, str, str | None]:
+        """Store the blocks' codes and scales (and zero points) as small as they go: a ternary weight's codes in
+        base 3, a scale a column where all its blocks have the same one (`modelshrink.onnx.lowbit`'s text; the
+        unpacking nodes give the ops what they read). Returns the names the ops read them by."""
         self.values += blocks.k * blocks.n
         self.widths.add(blocks.bits)
-        codes = self._store(name + "_q", pack(blocks.codes, blocks.bits))
-        scales = self._store(name + "_scales", blocks.scales)
+        n, groups = blocks.scales.shape
+        if ternary(blocks):
+            codes = self._store(name + "_q3", pack_trits(blocks.codes))
+            self.unpacking.in_base_three(codes, n, groups * blocks.block_size)
+        else:
+            codes = self._store(name + "_q", pack(blocks.codes, blocks.bits))
+        if groups > 1 and bool(np.all(blocks.scales == blocks.scales[:, :1])):
+            scales = name + "_scales"
+            column = self._store(name + "_column_scales", np.ascontiguousarray(blocks.scales[:, 0]))
+            self.unpacking.scales_by_column(scales, column, n, groups)
+        else:
+            scales = self._store(name + "_scales", blocks.scales)
         zero = None
         if blocks.zero_points is not None:
             zero = self._store(name + "_zero_points", pack(blocks.zero_points, blocks.bits).reshape(-1))
@@ -87,8 +100,10 @@ class LowBitGraph:
         stored = stored or blocks.narrowed(stored_bits or blocks.bits)
         packed = packed or self._packed(init.name, stored)
         codes, scales, zero = packed
-        if kernel == NBITS and stored.bits != blocks.bits:
+        if kernel == NBITS and (stored.bits != blocks.bits or codes in self.unpacking.trits):
             codes = self.unpacking.widened(packed, stored, blocks.bits)
+        if kernel == NBITS:
+            scales = self.unpacking.block_scales(scales)
         users = self.consumers[init.name]
         for node in users:
             if kernel == NBITS:
@@ -116,7 +131,11 @@ class LowBitGraph:
         if blocks.k % blocks.block_size:
             raise ValueError("a table's width must be a multiple of its block size")
         self._remove(init)
-        codes, scales, _ = packed or self._packed(init.name, blocks)
+        packed = packed or self._packed(init.name, blocks)
+        codes, scales, _ = packed
+        if codes in self.unpacking.trits:  # the lookup reads the codes' bytes at their own width
+            codes = self.unpacking.widened(packed, blocks, blocks.bits)
+        scales = self.unpacking.block_scales(scales)
         n, groups = blocks.scales.shape
         scale_3d = self._store(init.name + "_gather_scale_shape", np.array([n, groups, 1], dtype=np.int64))
         width = self._store(init.name + "_width", np.array([blocks.k], dtype=np.int64))
@@ -152,12 +171,20 @@ class LowBitGraph:
 
     def finish(self) -> None:
         """Swap the initializers and insert the new nodes (each right after the node it follows, so the order
-        stays topological); adds the com.microsoft opset if anything was rewritten."""
-        from onnx import helper
+        stays topological); adds the com.microsoft opset if anything was rewritten. An initializer it stored that
+        nothing reads (a table's packed zero points where no matmul shares them) is left out."""
+        from onnx import helper, numpy_helper
 
         kept = [i for i in self.graph.initializer if i.name not in self.removed]
+        read = {name for node in [*_all_nodes(self.graph), *self.unpacking.nodes,
+                                  *(n for _, after in self.after for n in after)] for name in node.input}
+        unread = [i for i in self.added if i.name not in read]  # a lookup's packed zero points no matmul reads
+        for init in unread:
+            value = numpy_helper.to_array(init)
+            self.bytes_after -= value.nbytes
+            self.stored_values -= value.size
         del self.graph.initializer[:]
-        self.graph.initializer.extend(kept + self.added)
+        self.graph.initializer.extend(kept + [i for i in self.added if i.name in read])
         for node, after in self.after:
             at = list(self.graph.node).index(node) + 1
             for offset, extra in enumerate(after):
@@ -166,6 +193,17 @@ class LowBitGraph:
             self.graph.node.insert(offset, node)
         if self.removed and not any(o.domain == DOMAIN for o in self.model.opset_import):
             self.model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+
+
+def _all_nodes(graph: Any) -> list[Any]:
+    """The nodes of `graph` and of the graphs its nodes hold (an If's branches)."""
+    found = []
+    for node in graph.node:
+        found.append(node)
+        for attribute in node.attribute:
+            for inner in ([attribute.g] if attribute.HasField("g") else list(attribute.graphs)):
+                found += _all_nodes(inner)
+    return found
 
 
 def transposed_pairs(graph: LowBitGraph) -> dict[str, list[str]]:
