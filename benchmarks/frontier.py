@@ -24,7 +24,9 @@ finished one):
                             MiniLM's size; a tiny model is mostly graph: --budget-of artifact bounds the artifact
                             alone); each is
                             also compared with the uniform form of its depth nearest its size (paired permutation
-                            test, `eval --compare`). `:student` quantizes the distilled student instead of the
+                            test, `eval --compare`). `=W-E-A` (=4-4-8) is a budget of that uniform form's
+                            artifact size, byte for byte, made after it and compared with it: the allocation
+                            against uniform bits at an equal budget. `:student` quantizes the distilled student instead of the
                             teacher (the whole chain: distill, then quantize under the budget, the teacher teaching
                             both); it has had the student's steps besides, so it is left out of that comparison
 Every quantize form scales its weights per output row (--granularity row; `tensor` is DQ-BART's setting): the
@@ -154,6 +156,7 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
     fewer-layer forms first (its >= 5x faster form can only be one of them), each budget form right after the
     uniform 2-2-8 of its depth, then a budget form of the student (the student is made for it, and yielded as
     ("student", folder) first), then the other uniform forms and 8-8-8 last."""
+    from modelshrink.quant.model import WEIGHTS_NAME
     from modelshrink.steps.quantize import QuantizeOptions, quantize
 
     teacher, task = Path(args.teacher), TASKS[args.task]
@@ -166,27 +169,38 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
     for name, bits, layers in (("888-6-6", "8-8-8", None), ("228-6-6", "2-2-8", None), ("228-6-3", "2-2-8", fewer),
                                *uniform):
         jobs.append((name, bits, None, layers))
+    for text in budgets(args, fewer):
+        if equal_to(text) and uniform_folder(equal_to(text)) not in {job[0] for job in jobs}:
+            sys.exit(f"frontier: budget {text} is the size of the uniform {equal_to(text)} form, which this run does "
+                     "not make (add it to --uniform)")
 
-    def priority(job: tuple) -> tuple:
+    def priority(job: tuple) -> tuple:  # a budget form the size of a uniform one comes right after the uniform forms
         folder, bits, text, layers = job
-        return (layers is None, text is not None and of_student(text), {"2-2-8": 0, None: 1}.get(bits, 2),
-                bits == "8-8-8")
+        same = equal_to(text) if text else None
+        return (layers is None, text is not None and of_student(text),
+                2 if same else {"2-2-8": 0, None: 1}.get(bits, 2), "8-8-8" in (bits, same), same is not None)
 
     student = None
+    made: dict[str, Path] = {}  # uniform folder -> its artifact (a budget form of its size reads it)
     for folder, bits, text, layers in sorted(jobs, key=priority):  # sorted() is stable: --budgets' order kept
         steps = args.quantize_steps * (task.fewer_steps if layers else 1)  # a budget form: as the uniform of its depth
         if text is None:
             reused = Path(args.reuse) / folder if args.reuse else None
             if reused is not None and (reused / "modelshrink.json").is_file():
+                made[folder] = reused
                 yield folder, reused
                 continue
             log(f"distillation-aware {bits}{f' with {layers} decoder layers' if layers else ''} ({steps} steps)")
-            yield folder, quantize(QuantizeOptions(bits=bits, decoder_layers=layers, max_steps=steps, **common),
-                                   args.work / folder, resume=True, log=log)
+            made[folder] = quantize(QuantizeOptions(bits=bits, decoder_layers=layers, max_steps=steps, **common),
+                                    args.work / folder, resume=True, log=log)
+            yield folder, made[folder]
         else:
             size = budget_of(text)[0]
-            mb = artifact_budget(args, teacher_mb / float(size[:-1]) if size.endswith("x") else float(size),
-                                 args.work / folder, layers, log)
+            if equal_to(text):  # the uniform form's artifact, byte for byte: an equal budget, whatever the export adds
+                mb = Path(made[uniform_folder(equal_to(text))], WEIGHTS_NAME).stat().st_size / 1e6
+            else:
+                mb = artifact_budget(args, teacher_mb / float(size[:-1]) if size.endswith("x") else float(size),
+                                     args.work / folder, layers, log)
             model = dict(decoder_layers=layers)
             if of_student(text):  # the student quantized, taught by the teacher (its layers map onto the teacher's)
                 if student is None:
@@ -222,9 +236,23 @@ def artifact_budget(args: argparse.Namespace, export_mb: float, folder: Path, la
 
 
 def budgets(args: argparse.Namespace, fewer: int) -> list[str]:
-    """--budgets, or the default: 10x and 13x with every layer, 10x with the fewer decoder layers, and 10x of the
-    student (which has those layers)."""
-    return args.budgets if args.budgets is not None else ["10x", "13x", f"10x:{fewer}", "10x:student"]
+    """--budgets, or the default: 10x and 13x with every layer, 10x with the fewer decoder layers, 10x of the
+    student (which has those layers), and one the size of uniform 4-4-8 (issue 55's equal-budget comparison) where
+    --uniform makes it."""
+    if args.budgets is not None:
+        return args.budgets
+    return ["10x", "13x", f"10x:{fewer}", "10x:student", *(["=4-4-8"] if "4-4-8" in args.uniform else [])]
+
+
+def equal_to(text: str) -> str | None:
+    """"=4-4-8" -> "4-4-8": a budget form the size of that uniform form's artifact (every layer), compared with it at
+    an equal budget; None for any other budget."""
+    return text[1:] if text.startswith("=") else None
+
+
+def uniform_folder(bits: str) -> str:
+    """The folder of the uniform `bits` form with every layer."""
+    return {"2-2-8": "228-6-6", "8-8-8": "888-6-6"}.get(bits, bits.replace("-", "") + "-all")
 
 
 def of_student(text: str) -> bool:
@@ -244,18 +272,23 @@ def budget_list(text: str) -> list[str]:
     :student or neither."""
     items = [b.strip() for b in text.split(",") if b.strip()]
     for item in items:
-        if not re.fullmatch(r"(\d+(\.\d+)?)x?(:([1-9]\d*|student))?", item):
+        if not re.fullmatch(r"(\d+(\.\d+)?)x?(:([1-9]\d*|student))?|=\d-\d-\d", item):
             raise argparse.ArgumentTypeError(f"{item!r} is not a budget: MB (15, 19.5) or Nx (10x), optionally "
-                                             "with :D decoder layers (10x:3) or of the student (10x:student)")
+                                             "with :D decoder layers (10x:3) or of the student (10x:student), or "
+                                             "=W-E-A, the size of that uniform form (=4-4-8)")
     return items
 
 
 def budget_folder(text: str) -> str:
+    if equal_to(text):
+        return "budget-as-" + equal_to(text).replace("-", "")
     size, layers = budget_of(text)
     return f"budget-{size}" + (f"-d{layers}" if layers else "-student" if of_student(text) else "")
 
 
 def budget_name(text: str, fewer: int) -> str:
+    if equal_to(text):
+        return f"budget = {equal_to(text)} distillation-aware, ONNX"
     size, layers = budget_of(text)
     where = f" of the student (D {fewer})" if of_student(text) else f" (D {layers})" if layers else ""
     return f"budget {size}{where} distillation-aware, ONNX"
@@ -445,6 +478,8 @@ def budget_against_uniform(forms: dict[str, tuple[str, Path]], results: dict[str
                    if u.split(" ")[0] in [*args.uniform, "2-2-8", "8-8-8"] and depth(u) == depth(name)}
         size = artifact_mb(path)
         nearest = min(uniform, key=lambda u: abs(uniform[u] - size))
+        if name.startswith("budget = "):  # the size of a uniform form: compared with that one
+            nearest = f"{name.split()[2]} distillation-aware, ONNX"
         out = args.work / f"compare-{path.name.removeprefix('onnx-')}"
         log(f"{name} ({size:.2f} MB) against {nearest} ({uniform[nearest]:.2f} MB)")
         _, report = compare([results[nearest]["eval"], results[name]["eval"]], out, overwrite=True)
@@ -648,7 +683,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--budgets", type=budget_list,
                         help="budget forms, comma-separated: MB, or Nx (the teacher's float32 weights over N), each "
                         "with :D for D decoder layers or :student for the distilled student ('' for none) "
-                        "[default: 10x,13x,10x:D,10x:student, D: --decoder-layers]")
+                        "[default: 10x,13x,10x:D,10x:student,=4-4-8, D: --decoder-layers; =4-4-8: the size of "
+                        "uniform 4-4-8, where --uniform makes it]")
     parser.add_argument("--granularity", choices=("row", "tensor"), default="row",
                         help="weight scales of every quantize form (quantize --granularity) [default: row: per tensor, "
                         "4 bits round the MiniLM teacher's feed-forward weights worse than ternary does]")

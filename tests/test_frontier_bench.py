@@ -27,6 +27,7 @@ FORMS = ["teacher, PyTorch", "teacher, ONNX float32", "student (D 1), ONNX float
          "student (D 1), ONNX --int4", "8-8-8 distillation-aware, ONNX", "2-2-8 distillation-aware, ONNX",
          "2-2-8 (D 1) distillation-aware, ONNX", "budget 4x distillation-aware, ONNX"]
 DEPTH_BUDGET = "budget 4x (D 1) distillation-aware, ONNX"
+EQUAL_BUDGET = "budget = 8-8-8 distillation-aware, ONNX"
 STUDENT_BUDGET = "budget 4x of the student (D 1) distillation-aware, ONNX"
 
 
@@ -138,10 +139,14 @@ def test_frontier_tiny_translation_scores_every_form_by_bleu(tmp_path, monkeypat
     # translation (sacreBLEU's BLEU with its interval, chrF) with the translation recipe's search
     frontier = frontier_module(monkeypatch)
     work = tmp_path / "frontier-mt"
-    stdout = run_main(frontier, monkeypatch, capsys, ["--task", "translation", *SMALL, "--work", str(work)])
+    # with a budget the size of uniform 8-8-8 (made right after it, compared with it)
+    stdout = run_main(frontier, monkeypatch, capsys, ["--task", "translation", *SMALL[:-3], "4x,=8-8-8", *SMALL[-2:],
+                                                      "--work", str(work)])
     report = json.loads((work / "frontier.json").read_text())
     forms, results = report["forms"], report["results"]
-    assert report["task"] == "translation" and list(forms) == FORMS
+    assert report["task"] == "translation" and list(forms) == [*FORMS, EQUAL_BUDGET]
+    progress = list(json.loads((work / "progress.json").read_text()))
+    assert progress.index(EQUAL_BUDGET) == progress.index("8-8-8 distillation-aware, ONNX") + 1
     for name, got in results.items():
         assert set(got["scores"]) == {"bleu", "chrf"} and len(got["ci95"]["bleu"]) == 2, name
         assert 0 <= got["scores"]["bleu"] <= 100 and 0 <= got["scores"]["chrf"] <= 100, name
@@ -159,13 +164,17 @@ def test_frontier_tiny_translation_scores_every_form_by_bleu(tmp_path, monkeypat
     # the recipe's training: target lengths of 128, the fewer-layer 2-2-8 given twice the steps
     quantized = json.loads((work / "228-6-3" / "modelshrink.json").read_text())["options"]
     assert quantized["max_steps"] == 2 and quantized["max_target_length"] == 128
-    # the budget form, compared with the uniform form nearest its size on BLEU and chrF
-    budget, = report["budgets"]
+    # the budget form, compared with the uniform form nearest its size on BLEU and chrF; the equal budget with its own
+    budget, equal = report["budgets"]
     assert budget["budget"] == "budget 4x distillation-aware, ONNX"
     assert budget["uniform"] in {"2-2-8 distillation-aware, ONNX", "8-8-8 distillation-aware, ONNX"}
     assert set(budget["p"]) == {"bleu", "chrf"} and 0 <= budget["p"]["bleu"] <= 1
+    assert equal["budget"] == EQUAL_BUDGET and equal["uniform"] == "8-8-8 distillation-aware, ONNX"
+    eight = (work / "888-6-6" / "modelshrink-quantized.safetensors").stat().st_size / 1e6
+    assert json.loads((work / "budget-as-888" / "modelshrink.json").read_text())["options"]["budget_mb"] == eight
+    assert equal["budget_mb"] <= eight and equal["uniform_mb"] == eight
     rows = [line for line in stdout.splitlines() if line.startswith("| ")]
-    assert len(rows) == 1 + len(forms) + 1 + len(forms) - 1 + 1 + 1
+    assert len(rows) == 1 + len(forms) + 1 + len(forms) - 1 + 1 + 2
     assert rows[0].startswith("| form | BLEU [95% CI] | chrF | p vs teacher (BLEU) |")
     verdicts = [line for line in stdout.splitlines() if line.startswith(("Target", "Issue 55's target"))]
     assert len(verdicts) == 2 and all("within 1.0 BLEU" in line for line in verdicts), verdicts
@@ -206,13 +215,17 @@ def test_frontier_task_is_checked_and_brings_its_defaults(monkeypatch, capsys):
     assert (args.student_steps, args.quantize_steps, args.max_tokens) == (1500, 300, 3072)
     assert args.teacher == "runs/repro/teacher" and args.figure.name == "frontier.png"
     # the budgets: 10x and 13x with every layer, 10x with the fewer decoder layers; MB or Nx, :D for depth
-    assert args.budgets is None and frontier.budgets(args, 3) == ["10x", "13x", "10x:3", "10x:student"]
-    assert frontier.arguments().parse_args(["--budgets", "15,10x:2,10x:student"]).budgets == ["15", "10x:2", "10x:student"]
-    assert [frontier.budget_folder(t) for t in ("15", "10x:2", "10x:student")] == \
-        ["budget-15", "budget-10x-d2", "budget-10x-student"]
+    # and one the size of uniform 4-4-8 (an equal budget), where --uniform makes 4-4-8
+    assert args.budgets is None and frontier.budgets(args, 3) == ["10x", "13x", "10x:3", "10x:student", "=4-4-8"]
+    assert frontier.budgets(frontier.arguments().parse_args(["--uniform", "3-3-8"]), 3)[-1] == "10x:student"
+    assert frontier.arguments().parse_args(["--budgets", "15,10x:2,10x:student,=8-8-8"]).budgets == [
+        "15", "10x:2", "10x:student", "=8-8-8"]
+    assert [frontier.budget_folder(t) for t in ("15", "10x:2", "10x:student", "=4-4-8")] == \
+        ["budget-15", "budget-10x-d2", "budget-10x-student", "budget-as-448"]
+    assert frontier.budget_name("=4-4-8", 3) == "budget = 4-4-8 distillation-aware, ONNX"
     assert frontier.budget_name("10x:2", 3) == "budget 10x (D 2) distillation-aware, ONNX"
     assert frontier.budget_name("10x:student", 3) == "budget 10x of the student (D 3) distillation-aware, ONNX"
-    for bad in ("10x:a", "tenx", "10x:0", "-5", "10x:students", "student"):
+    for bad in ("10x:a", "tenx", "10x:0", "-5", "10x:students", "student", "=4-4", "=4-4-8:3"):
         with pytest.raises(SystemExit):
             frontier.arguments().parse_args(["--budgets", bad])
         assert "is not a budget" in capsys.readouterr().err
