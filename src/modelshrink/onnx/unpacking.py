@@ -81,8 +81,9 @@ class LoadTimeUnpacking:
         BitShift alone (opset 11)."""
         from onnx import helper
 
-        if packed in self.trits:
-            return self.slice(self._decoded_trits(packed, nodes), count, nodes)
+        if packed in self.trits:  # [rows, codes a row]: cut only where a row holds more than `count`
+            decoded = self._decoded_trits(packed, nodes)
+            return decoded if self.trits[packed][1] == count else self.slice(decoded, count, nodes)
         flat = self.constant(f"lowbit_rows_{rows}", np.array([rows, -1], dtype=np.int64))
         split, per = f"{packed}_by_row", 8 // bits
         nodes.append(helper.make_node("Reshape", [packed, flat], [split]))
@@ -125,12 +126,9 @@ class LoadTimeUnpacking:
         return f"{packed}_by_row"
 
     def slice(self, name: str, count: int, nodes: list[Any]) -> str:
-        """Nodes for name[:, :count] (the name itself where a row of a base-3 decoding holds `count` codes)."""
+        """Nodes for name[:, :count]."""
         from onnx import helper
 
-        if name.endswith("_by_row") and name.removesuffix("_by_row") in self.trits \
-                and self.trits[name.removesuffix("_by_row")][1] == count:
-            return name
         start, end, axis = (self.constant(f"lowbit_{w}_{v}", np.array([v], dtype=np.int64))
                             for w, v in (("start", 0), ("end", count), ("axis", 1)))
         self.add(nodes, helper.make_node("Slice", [name, start, end, axis], [f"{name}_{count}"]))
