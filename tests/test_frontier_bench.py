@@ -225,6 +225,10 @@ def test_frontier_task_is_checked_and_brings_its_defaults(monkeypatch, capsys):
     assert frontier.budget_name("=4-4-8", 3) == "budget = 4-4-8 distillation-aware, ONNX"
     assert frontier.budget_name("10x:2", 3) == "budget 10x (D 2) distillation-aware, ONNX"
     assert frontier.budget_name("10x:student", 3) == "budget 10x of the student (D 3) distillation-aware, ONNX"
+    # a budget the size of a uniform form the run does not make: one line, before anything is trained
+    lone = frontier.arguments().parse_args(["--uniform", "", "--budgets", "=4-4-8", "--teacher", "/nonexistent"])
+    with pytest.raises(SystemExit, match="=4-4-8 is the size of the uniform 4-4-8 form, which this run does not make"):
+        next(frontier.make_quantized(lone, Path("/nonexistent/train.jsonl.gz"), 1, [], log=lambda message: None))
     for bad in ("10x:a", "tenx", "10x:0", "-5", "10x:students", "student", "=4-4", "=4-4-8:3"):
         with pytest.raises(SystemExit):
             frontier.arguments().parse_args(["--budgets", bad])

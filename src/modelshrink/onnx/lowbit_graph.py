@@ -197,13 +197,9 @@ class LowBitGraph:
 
 def _all_nodes(graph: Any) -> list[Any]:
     """The nodes of `graph` and of the graphs its nodes hold (an If's branches)."""
-    found = []
-    for node in graph.node:
-        found.append(node)
-        for attribute in node.attribute:
-            for inner in ([attribute.g] if attribute.HasField("g") else list(attribute.graphs)):
-                found += _all_nodes(inner)
-    return found
+    from modelshrink.onnx.merge import subgraphs
+
+    return [found for node in graph.node for found in [node, *(n for g in subgraphs(node) for n in _all_nodes(g))]]
 
 
 def transposed_pairs(graph: LowBitGraph) -> dict[str, list[str]]:
