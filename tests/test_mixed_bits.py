@@ -20,7 +20,7 @@ from modelshrink.cli import app
 from modelshrink.errors import UserError
 from modelshrink.quant.budget import PLAN_NAME, allocate
 from modelshrink.quant.groups import weight_groups
-from modelshrink.quant.model import WEIGHTS_NAME, load_quantized, predicted_bytes, save_quantized
+from modelshrink.quant.model import WEIGHTS_NAME, format_of, load_quantized, predicted_bytes, save_quantized
 from modelshrink.quant.modules import latent_weights, per_tensor_widths, quantize_model
 from modelshrink.quant.spec import Group, parse_bits, parse_candidates
 from modelshrink.steps.quantize import QuantizeOptions, quantize
@@ -54,6 +54,7 @@ def test_rules_parse_and_the_last_rule_that_selects_a_group_wins():
     ("2-2-8,ffn=1", "asks for 1 bits"),
     ("2-2-8,3.ffn=4", "a layer number follows a stack"),
     ("2-2-8,decoder.lm_head=4", "lm_head is outside the layers"),
+    ("2-2-8,decoder.1.embeddings=4", "or decoder.embeddings=BITS for the decoder's own table"),
     ("2-2-8,mlp=4", "a selector is [encoder|decoder][.LAYER][.KIND]"),
     ("2-2-8,decoder.ffn.x=4", "a selector is"),
 ])
@@ -86,7 +87,9 @@ def test_every_family_groups_its_weights_by_layer_and_kind(family, tmp_path):
         model = _translator_model(family, tmp_path)
     groups = {g.name: modules for g, modules in weight_groups(model).items()}
     seq2seq = family not in ("bert", "distilbert")
-    expected = {f"encoder.{i}.{k}" for i in range(2) for k in ("attention", "ffn")} | {"embeddings"}
+    # bert2bert's encoder and decoder each have a table of their own (the decoder's tied to the LM head)
+    tables = {"encoder.embeddings", "decoder.embeddings"} if family == "bert2bert" else {"embeddings"}
+    expected = {f"encoder.{i}.{k}" for i in range(2) for k in ("attention", "ffn")} | tables
     if seq2seq:
         expected |= {f"decoder.{i}.{k}" for i in range(2) for k in ("attention", "cross_attention", "ffn")}
     assert expected <= set(groups)
@@ -98,6 +101,52 @@ def test_every_family_groups_its_weights_by_layer_and_kind(family, tmp_path):
     assert all(len(groups[f"encoder.{i}.attention"]) == 4 for i in range(2))
     if seq2seq:
         assert all(len(groups[f"decoder.{i}.cross_attention"]) == 4 for i in range(2))
+    head = model.get_output_embeddings()
+    if head is not None:  # a tied LM head is in its table's group
+        assert any(m is head for table in tables for _, m in groups[table])
+
+
+def test_a_table_of_each_stack_takes_its_own_bits_and_embeddings_sets_both(tmp_path):
+    """bert2bert's two word-embedding tables are two groups: `encoder.embeddings=2` sets the encoder's alone (a
+    format-3 artifact, reloaded exactly), `embeddings=` both, and a stack alone selects layers, not its table."""
+    model, tok = build("bert2bert")
+    encoder_table = "encoder.embeddings.word_embeddings.weight"
+    decoder_table = "decoder.bert.embeddings.word_embeddings.weight"
+    spec = parse_bits("4-4-8,encoder.embeddings=2,decoder=8")
+    assert spec.bits_of(Group("encoder", -1, "embeddings")) == 2 and spec.bits_of(Group("decoder", -1, "embeddings")) == 4
+    assert parse_bits("4-4-8,embeddings=3").bits_of(Group("decoder", -1, "embeddings")) == 3
+    quantize_model(model, spec)
+    widths = {name: bits for name, (_, bits, _) in latent_weights(model).items()}
+    assert widths[encoder_table] == 2 and widths[decoder_table] == 4  # decoder=8 leaves the decoder's table at E
+    assert widths["decoder.bert.encoder.layer.0.attention.self.query.weight"] == 8
+    save_quantized(model, tok, tmp_path / "q", spec)
+    config = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]
+    assert config["format_version"] == 3  # a format-2 reader could not parse encoder.embeddings: refused, not misread
+    assert config["groups"]["encoder.embeddings"] == 2 and config["groups"]["decoder.embeddings"] == 4
+    reloaded = load_quantized(tmp_path / "q")
+    batch = tok(["the quick brown fox"], return_tensors="pt")
+    target = tok(["a fox"], return_tensors="pt").input_ids
+    with torch.no_grad():
+        expected = model.eval()(**batch, decoder_input_ids=target).logits
+        assert torch.equal(reloaded(**batch, decoder_input_ids=target).logits, expected)
+    # the lowest format that holds it: rules without a stack's table stay format 2, uniform bits 1
+    assert format_of(parse_bits("4-4-8,embeddings=2,decoder.0=8")) == 2 and format_of(parse_bits("4-4-8")) == 1
+
+
+def test_a_plan_made_with_one_embeddings_group_sets_both_tables():
+    """A budget run planned before the tables were two groups resumes: its `embeddings` bits go to both."""
+    from modelshrink.quant.budget import Plan, apply_plan
+
+    model, _ = build("bert2bert")
+    quantize_model(model, parse_bits("8-8-8"))
+    groups = {g.name: {"bits": 2 if g.kind == "ffn" else 4} for g in weight_groups(model) if g.kind != "embeddings"}
+    apply_plan(model, Plan(1, 1, 1, [2, 4, 8], 1, 0.0, 0.0, {**groups, "embeddings": {"bits": 3}}))
+    widths = {name: bits for name, (_, bits, _) in latent_weights(model).items()}
+    assert widths["encoder.embeddings.word_embeddings.weight"] == widths[
+        "decoder.bert.embeddings.word_embeddings.weight"] == 3
+    assert widths["encoder.encoder.layer.0.intermediate.dense.weight"] == 2
+    with pytest.raises(UserError, match="is for another model"):  # a group of the plan's missing
+        apply_plan(model, Plan(1, 1, 1, [2, 4, 8], 1, 0.0, 0.0, groups))
 
 
 def test_a_mixed_map_is_stored_reloaded_exactly_and_recorded(saved_models, tmp_path):
@@ -132,9 +181,9 @@ def test_a_newer_format_is_refused_in_one_line_not_misread(saved_models, tmp_pat
     out = quantize(QuantizeOptions(model=str(saved_models["t5"]), bits="4-4-8,decoder=8", method="direct",
                                    device="cpu"), tmp_path / "q")
     config = json.loads((out / "config.json").read_text())
-    config["quantization_config"]["format_version"] = 3
+    config["quantization_config"]["format_version"] = 4
     (out / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UserError, match="format 3, written by a newer modelshrink; this one reads formats up to 2"):
+    with pytest.raises(UserError, match="format 4, written by a newer modelshrink; this one reads formats up to 3"):
         load_quantized(out)
     result = runner.invoke(app, ["eval", str(out), str(_pairs(tmp_path)), "-o", str(tmp_path / "e")])
     assert result.exit_code == 1 and "written by a newer modelshrink" in result.stderr
@@ -145,6 +194,8 @@ def test_a_newer_format_is_refused_in_one_line_not_misread(saved_models, tmp_pat
     ("bart", "2-2-8,decoder.5=4", "selects nothing: this model has encoder layers 0-1; decoder layers 0-1"),
     ("bart", "2-2-8,lm_head=4", "ties its LM head to the word embeddings"),
     ("bart", "2-2-8,head=4", "selects nothing"),
+    ("bart", "2-2-8,encoder.embeddings=4", "encoder and decoder share one word-embedding table: set embeddings=BITS"),
+    ("bert2bert", "2-2-8,lm_head=4", "ties its LM head to the word embeddings (one tensor): set decoder.embeddings="),
 ])
 def test_rules_the_model_cannot_take_are_one_line(saved_models, tmp_path, family, bits, message):
     result = runner.invoke(app, ["quantize", str(saved_models[family]), "--bits", bits, "--method", "direct",

@@ -220,13 +220,22 @@ def plan_bits(model: nn.Module, spec: QuantSpec, budget_bytes: int, candidates: 
 
 
 def apply_plan(model: nn.Module, plan: Plan) -> None:
-    """Set a quantized model's bits to a saved plan's (a resumed run); a UserError if the plan is for another model."""
-    groups = {g.name: m for g, m in weight_groups(model).items()}
-    if set(groups) != set(plan.groups):
+    """Set a quantized model's bits to a saved plan's (a resumed run); a UserError if the plan is for another model.
+    Each of the plan's groups sets the model's groups its name selects, so that a plan made when a bert2bert's two
+    word-embedding tables were one `embeddings` group sets both."""
+    groups = weight_groups(model)
+    chosen: dict[Group, int] = {}
+    for name, info in plan.groups.items():
+        selected = [g for g in groups if g.name == name or (name == "embeddings" and g.kind == "embeddings")]
+        if not selected or any(g in chosen for g in selected):
+            chosen = {}
+            break
+        chosen.update({g: int(info["bits"]) for g in selected})
+    if set(chosen) != set(groups):
         raise UserError(f"{PLAN_NAME} in the run's folder is for another model (its groups differ); start the run "
                         "again without --resume")
-    for name, info in plan.groups.items():
-        _set_bits(groups[name], int(info["bits"]))
+    for group, bits in chosen.items():
+        _set_bits(groups[group], bits)
 
 
 def calibration_rows(rows: list[Any], count: int, seed: int) -> list[Any]:

@@ -3,7 +3,11 @@
 A group is the linear layers of one kind in one layer (`decoder.2.cross_attention`: the query, key, value and
 output projections of that layer's cross-attention), or a part outside the layers (`embeddings`, `lm_head`,
 `head`). The names come from the modules' own names (families.py lists the words each family uses), so every
-family's layers group alike. The word embeddings and a tied LM head are one tensor, hence one group.
+family's layers group alike. The word embeddings and a tied LM head are one tensor, hence one group. A model whose
+encoder and decoder each have a table of their own (bert2bert, a Marian without shared embeddings) has two,
+`encoder.embeddings` and `decoder.embeddings` (the decoder's holds a tied LM head): they carry different things (a
+bert2bert student's encoder table stays close to the pretrained one, its decoder's moves far), so a budget gives
+each its own bits; the rule `embeddings=BITS` still sets both.
 """
 
 from __future__ import annotations
@@ -38,10 +42,29 @@ def word_embeddings(model: nn.Module) -> list[nn.Embedding]:
     return [m for m in model.modules() if isinstance(m, nn.Embedding) and id(weight_of(m)) in weights]
 
 
+def _stack(parts: list[str]) -> str:
+    """The stack a module's qualified name (split at the dots) is in, or "" outside both."""
+    return next((_STACK_ALIASES[p] for p in parts if p in _STACK_ALIASES), "")
+
+
+def embedding_groups(model: nn.Module, embeddings: list[nn.Embedding]) -> dict[int, Group]:
+    """The group of each word-embedding tensor (by id): `encoder.embeddings` and `decoder.embeddings` where the two
+    stacks each use a table of their own and nothing else uses either, else `embeddings` for every table."""
+    users: dict[int, set[str]] = {}
+    ids = {id(m) for m in embeddings}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if id(module) in ids:
+            users.setdefault(id(weight_of(module)), set()).add(_stack(name.split(".")))
+    stacks = {tensor: next(iter(used)) if len(used) == 1 else "" for tensor, used in users.items()}
+    if sorted(stacks.values()) != sorted(STACKS):
+        return {tensor: Group(kind="embeddings") for tensor in stacks}
+    return {tensor: Group(stack, -1, "embeddings") for tensor, stack in stacks.items()}
+
+
 def linear_group(name: str) -> Group:
     """The group of a linear layer (not the LM head) from its qualified name."""
     parts = name.split(".")
-    stack = next((_STACK_ALIASES[p] for p in parts if p in _STACK_ALIASES), "")
+    stack = _stack(parts)
     layer = next((int(p) for p in parts if p.isdigit()), -1)
     if layer < 0:
         if stack and not any(p in CLASSIFIER_HEAD_NAMES for p in parts):
@@ -58,14 +81,14 @@ def weight_groups(model: nn.Module) -> dict[Group, list[tuple[str, nn.Module]]]:
     included (they take their tensor's bits); sorted by group."""
     head = model.get_output_embeddings()
     embeddings = word_embeddings(model)
-    tied = head is not None and any(weight_of(head) is weight_of(e) for e in embeddings)
+    tables = embedding_groups(model, embeddings)
     found: dict[Group, list[tuple[str, nn.Module]]] = {}
     embedding_ids = {id(m) for m in embeddings}
     for name, module in model.named_modules():
         if id(module) in embedding_ids:
-            group = Group(kind="embeddings")
+            group = tables[id(weight_of(module))]
         elif module is head and isinstance(module, nn.Linear):
-            group = Group(kind="embeddings" if tied else "lm_head")
+            group = tables.get(id(weight_of(head)), Group(kind="lm_head"))  # tied: its table's group
         elif isinstance(module, nn.Linear):
             group = linear_group(name)
         else:
@@ -77,8 +100,14 @@ def weight_groups(model: nn.Module) -> dict[Group, list[tuple[str, nn.Module]]]:
 def _missing(selector: str, groups: list[Group], model: nn.Module) -> str:
     """Why a rule selects nothing, in a phrase."""
     parsed = Selector.parse(selector)
-    if parsed.kind == "lm_head" and any(g.kind == "embeddings" for g in groups) and model.get_output_embeddings():
-        return ("this model ties its LM head to the word embeddings (one tensor): set embeddings=BITS for both")
+    head = model.get_output_embeddings()
+    if parsed.kind == "lm_head" and head is not None:
+        tied = [g for g, modules in weight_groups(model).items()
+                if g.kind == "embeddings" and any(m is head for _, m in modules)]
+        if tied:
+            return f"this model ties its LM head to the word embeddings (one tensor): set {tied[0].name}=BITS for both"
+    if parsed.kind == "embeddings" and parsed.stack and Group(kind="embeddings") in groups:
+        return "this model's encoder and decoder share one word-embedding table: set embeddings=BITS"
     layers = {s: sorted({g.layer for g in groups if g.stack == s and g.layer >= 0}) for s in STACKS}
     have = "; ".join(f"{s} layers {v[0]}-{v[-1]}" for s, v in layers.items() if v) or "no layers"
     kinds = sorted({g.kind for g in groups})

@@ -7,8 +7,9 @@ tables the architecture computes from their shape (Marian's and Pegasus' sinusoi
 Marian-shaped student): those are left out and made again on load (`recomputed_tables`).
 config.json carries `quantization_config` (quant_method "modelshrink", the bits, the granularity,
 the packing, and each quantized tensor's shape and bits), enough to rebuild the model. A model with per-layer bits
-(`--bits 2-2-8,cross_attention=8`, `--budget-mb`) is format 2: its config also lists the rules and each group's
-bits, and a reader refuses any format newer than its own.
+(`--bits 2-2-8,cross_attention=8`, `--budget-mb`) is format 2 (3 where a rule names one stack's word embeddings,
+`encoder.embeddings=2`): its config also lists the rules and each group's bits, and a reader refuses any format
+newer than its own.
 
 Plain `transformers.from_pretrained` cannot read this: it finds no weights file it knows and fails
 (a file named model.safetensors would instead be loaded half-empty, with random weights).
@@ -31,7 +32,7 @@ from modelshrink.errors import UserError
 from modelshrink.families import ENCODER_DECODER_TYPE
 from modelshrink.quant.groups import bits_by_group
 from modelshrink.quant.modules import check_quantizable, latent_weights, quantize_model
-from modelshrink.quant.spec import QuantSpec
+from modelshrink.quant.spec import QuantSpec, Selector
 from modelshrink.quant.packing import BITS_PER_VALUE, pack, unpack
 from modelshrink.quant.quantizers import dequantize, quantize_weight
 
@@ -40,9 +41,17 @@ QUANT_METHOD = "modelshrink"
 # and start from random weights with only a warning. Under this name a plain load finds no weights
 # and fails loudly.
 WEIGHTS_NAME = "modelshrink-quantized.safetensors"
-# 1: one W-E-A for every layer (no `format_version` key); 2: per-layer bits (`rules`, `groups`). A reader refuses a
-# newer format in one line rather than misreading it.
-FORMAT_VERSION = 2
+# 1: one W-E-A for every layer (no `format_version` key); 2: per-layer bits (`rules`, `groups`); 3: as 2, with a
+# rule for one stack's own word embeddings (`encoder.embeddings=2`), which a reader of 2 cannot parse. Each artifact
+# has the lowest format that holds it; a reader refuses a newer format in one line rather than misreading it.
+FORMAT_VERSION = 3
+
+
+def format_of(spec: QuantSpec) -> int:
+    """The format an artifact quantized under `spec` is written in (1 is written without the key)."""
+    if not spec.mixed:
+        return 1
+    return 3 if any(Selector.parse(s).kind == "embeddings" and Selector.parse(s).stack for s, _ in spec.rules) else 2
 
 
 def is_quantized(config: Any) -> bool:
@@ -115,8 +124,8 @@ def save_quantized(model: torch.nn.Module, tokenizer: Any, folder: str | os.Path
         "activations": "symmetric per tensor, dynamic max-abs scale" + (
             f" of the activation clamped to +-{spec.activation_clip}" if spec.activation_clip else "")
         + ": linear inputs, q/k/v outputs, attention probabilities", "tensors": shapes}
-    if spec.mixed:  # format 2: each tensor's bits are already in `tensors`; the rules and groups say why
-        config.quantization_config.update(format_version=FORMAT_VERSION, rules=[list(r) for r in spec.rules],
+    if spec.mixed:  # format 2 or 3: each tensor's bits are already in `tensors`; the rules and groups say why
+        config.quantization_config.update(format_version=format_of(spec), rules=[list(r) for r in spec.rules],
                                           groups={g.name: b for g, b in bits_by_group(model, spec).items()})
     if recomputed:
         config.quantization_config["recomputed"] = recomputed

@@ -7,9 +7,11 @@ it give parts of the model other bits (issue 55's mixed precision), later rules 
 
 A rule is `SELECTOR=BITS`, the selector one or more of, in this order, joined by dots: a stack (`encoder`,
 `decoder`), a layer number (after a stack), a kind (`attention` = self-attention, `cross_attention`, `ffn`) — or
-one of the parts outside the layers: `embeddings` (the word embeddings), `lm_head` (the output embedding; in a
-model that ties it to the word embeddings it is the same tensor, so it takes their bits), `head` (a classifier's
-pooler and classifier). Bits 2 (ternary) to 8; activations keep A.
+one of the parts outside the layers: `embeddings` (the word embeddings; `encoder.embeddings` and
+`decoder.embeddings` in a model whose encoder and decoder have a table each, as bert2bert), `lm_head` (the output
+embedding; in a model that ties it to the word embeddings it is the same tensor, so it takes their bits), `head` (a
+classifier's pooler and classifier). A stack or layer alone selects layers, never a part outside them. Bits 2
+(ternary) to 8; activations keep A.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ def code_threshold(bits: int) -> int:
 @dataclass(frozen=True, order=True)
 class Group:
     """A set of weights that share one bit width: the linear layers of one kind in one layer of one stack
-    (`decoder.2.cross_attention`), or a part outside the layers (`embeddings`, `lm_head`, `head`); linears of a
-    stack that fit none of the kinds are `encoder.other` / `decoder.other`."""
+    (`decoder.2.cross_attention`), or a part outside the layers (`embeddings`, or a stack's own table
+    `decoder.embeddings`; `lm_head`, `head`); linears of a stack that fit none of the kinds are `encoder.other` /
+    `decoder.other`."""
 
     stack: str = ""  # "" outside the stacks
     layer: int = -1  # -1 outside the layers
@@ -79,11 +82,17 @@ class Selector:
         if parts or (stack is None and kind is None):
             raise UserError(f"--bits rule '{text}': a selector is [encoder|decoder][.LAYER][.KIND] with KIND one of "
                             f"{', '.join(LAYER_KINDS)}, or one of {', '.join(OUTSIDE_KINDS)}")
-        if kind in OUTSIDE_KINDS and stack is not None:
-            raise UserError(f"--bits rule '{text}': {kind} is outside the layers; write it alone ({kind}=BITS)")
+        if kind in OUTSIDE_KINDS and stack is not None and (kind != "embeddings" or layer is not None):
+            hint = f"{kind}=BITS" + (f", or {stack}.embeddings=BITS for the {stack}'s own table"
+                                     if kind == "embeddings" else "")
+            raise UserError(f"--bits rule '{text}': {kind} is outside the layers; write it alone ({hint})")
         return cls(stack, layer, kind)
 
     def matches(self, group: Group) -> bool:
+        """Whether the rule sets `group`; a part outside the layers only by its kind (`encoder=8` sets the
+        encoder's layers, not its word embeddings: `encoder.embeddings=8` does)."""
+        if self.kind is None and group.kind in OUTSIDE_KINDS:
+            return False
         return ((self.stack is None or self.stack == group.stack) and (self.layer is None or self.layer == group.layer)
                 and (self.kind is None or self.kind == group.kind))
 
