@@ -109,6 +109,24 @@ def test_low_bits_are_kept_exactly_and_pass_the_check(plain_models, tmp_path, fa
 
 
 @pytest.mark.slow
+def test_position_tables_quantized_by_a_rule_are_exported_in_their_bits(plain_models, tmp_path):
+    """`positions=8`: the export reads the position tables' 8-bit codes (no float copy left) and passes its check."""
+    import onnx
+
+    quantized = _quantized(plain_models["bart"], tmp_path / "q", "4-4-8,positions=8", "row")
+    out = tmp_path / "onnx"
+    result = runner.invoke(app, ["export", str(quantized), "-o", str(out), *FAST])
+    assert result.exit_code == 0, result.output
+    assert read_manifest(out)["metrics"]["passed"] is True
+    for name in ("encoder_model.onnx", "decoder_model_merged.onnx"):
+        graph = onnx.load(str(out / name)).graph
+        floats = {i.name for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2}
+        assert not any(n.endswith("embed_positions.weight") for n in floats), name
+        assert any("embed_positions" in i.name and i.data_type != onnx.TensorProto.FLOAT  # their codes
+                   for i in graph.initializer), name
+
+
+@pytest.mark.slow
 def test_a_ternary_export_stores_a_fifth_of_the_bytes_of_an_eight_bit_one(plain_models, tmp_path):
     import onnx
     from onnx import numpy_helper

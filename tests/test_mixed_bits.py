@@ -93,7 +93,14 @@ def test_every_family_groups_its_weights_by_layer_and_kind(family, tmp_path):
     if seq2seq:
         expected |= {f"decoder.{i}.{k}" for i in range(2) for k in ("attention", "cross_attention", "ffn")}
     assert expected <= set(groups)
-    assert set(groups) - expected <= {"head", "decoder.other"}  # a classifier's head; bert2bert's LM transform
+    # a classifier's head; bert2bert's LM transform; learned position tables, a stack's own where it has one
+    assert set(groups) - expected <= {"head", "decoder.other", "positions", "encoder.positions", "decoder.positions"}
+    if family in ("bart", "bert2bert", "mbart"):
+        assert {"encoder.positions", "decoder.positions"} <= set(groups)
+    if family in ("bert", "distilbert"):
+        assert "positions" in groups
+    if family in ("t5", "marian", "m2m_100"):  # relative biases; sinusoids computed from their shape
+        assert not any(g.endswith("positions") for g in groups)
     # every linear and word embedding is in exactly one group; attention groups hold q, k, v and the output
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     grouped = [n for modules in groups.values() for n, m in modules if isinstance(m, torch.nn.Linear)]
@@ -133,13 +140,50 @@ def test_a_table_of_each_stack_takes_its_own_bits_and_embeddings_sets_both(tmp_p
     assert format_of(parse_bits("4-4-8,embeddings=2,decoder.0=8")) == 2 and format_of(parse_bits("4-4-8")) == 1
 
 
+def test_position_tables_are_float_unless_a_rule_quantizes_them(saved_models, tmp_path):
+    """`positions=8` stores learned position tables as 8-bit codes a row (a quarter of their float bytes), per stack
+    where each has one; a format-3 artifact that reloads exactly. Uniform bits leave them float, as DQ-BART does."""
+    model, tok = build("bert2bert")
+    tables = ("encoder.embeddings.position_embeddings.weight", "decoder.bert.embeddings.position_embeddings.weight")
+    quantize_model(model, parse_bits("4-4-8"))
+    assert not set(tables) & set(latent_weights(model))
+    uniform = predicted_bytes(model)
+    model, tok = build("bert2bert")
+    quantize_model(model, parse_bits("4-4-8,positions=8"))
+    stored = latent_weights(model)
+    assert all(stored[t][1:] == (8, True) for t in tables)  # 8 bits, a scale a row
+    saved = sum(stored[t][0].numel() * 3 - stored[t][0].shape[0] * 4 for t in tables)  # 4 bytes -> 1, plus scales
+    assert uniform - predicted_bytes(model) == pytest.approx(saved, abs=200)  # (the header's names)
+    save_quantized(model, tok, tmp_path / "q", parse_bits("4-4-8,positions=8"))
+    config = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]
+    assert config["format_version"] == 3 and config["groups"]["decoder.positions"] == 8
+    batch, target = tok(["the quick brown fox"], return_tensors="pt"), tok(["a fox"], return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert torch.equal(load_quantized(tmp_path / "q")(**batch, decoder_input_ids=target).logits,
+                           model.eval()(**batch, decoder_input_ids=target).logits)
+    one, _ = build("bart")  # BART's learned positions, per stack too
+    quantize_model(one, parse_bits("4-4-8,encoder.positions=8"))
+    assert {n for n in latent_weights(one) if "positions" in n} == {"model.encoder.embed_positions.weight"}
+
+
+def test_a_budget_keeps_pinned_position_tables_at_their_bits(saved_models, tmp_path):
+    out = quantize(QuantizeOptions(model=str(saved_models["bart"]), data=str(_pairs(tmp_path)), method="direct",
+                                   bits="8-8-8,positions=8", device="cpu", budget_mb=0.06, calibration_examples=4),
+                   tmp_path / "b")
+    plan = json.loads((out / PLAN_NAME).read_text())
+    assert plan["groups"]["encoder.positions"]["bits"] == plan["groups"]["decoder.positions"]["bits"] == 8
+    assert plan["groups"]["decoder.positions"]["pinned"] and plan["predicted_bytes"] <= 60_000
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["format_version"] == 3
+
+
 def test_a_plan_made_with_one_embeddings_group_sets_both_tables():
     """A budget run planned before the tables were two groups resumes: its `embeddings` bits go to both."""
     from modelshrink.quant.budget import Plan, apply_plan
 
     model, _ = build("bert2bert")
     quantize_model(model, parse_bits("8-8-8"))
-    groups = {g.name: {"bits": 2 if g.kind == "ffn" else 4} for g in weight_groups(model) if g.kind != "embeddings"}
+    groups = {g.name: {"bits": 2 if g.kind == "ffn" else 4} for g in weight_groups(model)
+              if g.kind not in ("embeddings", "positions")}  # position tables are float, hence in no plan
     apply_plan(model, Plan(1, 1, 1, [2, 4, 8], 1, 0.0, 0.0, {**groups, "embeddings": {"bits": 3}}))
     widths = {name: bits for name, (_, bits, _) in latent_weights(model).items()}
     assert widths["encoder.embeddings.word_embeddings.weight"] == widths[
@@ -196,6 +240,7 @@ def test_a_newer_format_is_refused_in_one_line_not_misread(saved_models, tmp_pat
     ("bart", "2-2-8,head=4", "selects nothing"),
     ("bart", "2-2-8,encoder.embeddings=4", "encoder and decoder share one word-embedding table: set embeddings=BITS"),
     ("bert2bert", "2-2-8,lm_head=4", "ties its LM head to the word embeddings (one tensor): set decoder.embeddings="),
+    ("t5", "2-2-8,positions=8", "selects nothing: this model has no learned position table"),
 ])
 def test_rules_the_model_cannot_take_are_one_line(saved_models, tmp_path, family, bits, message):
     result = runner.invoke(app, ["quantize", str(saved_models[family]), "--bits", bits, "--method", "direct",

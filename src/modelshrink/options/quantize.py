@@ -34,7 +34,8 @@ class QuantizeOptions(TrainOptions):
     model: str = opt(REQUIRED, "A trained full-precision model: seq2seq, or a BERT-style classifier.", argument=True)
     bits: str = opt("8-8-8", "W-E-A: bits of linear weights, word embeddings, activations. 2 = ternary (TWN), "
                              "3-8 = symmetric linear. Then rules for parts of the model, later over earlier: "
-                             "2-2-8,cross_attention=8,decoder.ffn=4,decoder.0=8,lm_head=4.")
+                             "2-2-8,cross_attention=8,decoder.ffn=4,decoder.0=8,lm_head=4; positions=8 "
+                             "quantizes learned position tables (float otherwise).")
     method: str = opt("distill", "distill (distillation-aware training, DQ-BART 2.3) or direct.",
                       choices=("distill", "direct"))
     granularity: str | None = opt(None, "Scale of linear weights: per tensor or per output row. Embeddings: always "

@@ -29,9 +29,10 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from modelshrink.errors import UserError
-from modelshrink.quant.groups import weight_groups, weight_of
+from modelshrink.quant.groups import quantized_groups, weight_groups, weight_of
 from modelshrink.quant.model import predicted_bytes
 from modelshrink.quant.packing import packed_bytes
 from modelshrink.quant.spec import Group, QuantSpec, Selector
@@ -163,7 +164,8 @@ def allocate(extra: dict[Group, dict[int, int]], sensitivity: dict[Group, dict[i
 
 
 def _free_groups(model: nn.Module, spec: QuantSpec) -> tuple[dict[Group, list], set[Group]]:
-    groups = weight_groups(model)
+    """(the groups the budget chooses bits for, those a rule pins); position tables are quantized only when pinned."""
+    groups = quantized_groups(model, spec)
     pinned = {g for g in groups if any(Selector.parse(s).matches(g) for s, _ in spec.rules)}
     return {g: m for g, m in groups.items() if g not in pinned}, pinned
 
@@ -189,7 +191,7 @@ def plan_bits(model: nn.Module, spec: QuantSpec, budget_bytes: int, candidates: 
               calibration_examples: int, progress: Callable[[int, int], None] = lambda done, total: None) -> Plan:
     """Measure, allocate and set the bits of a model quantized under `spec` (W = E = 8, rules pin groups); the
     model's weights are at the plan's bits after. A UserError where the budget cannot be met."""
-    groups = weight_groups(model)
+    groups = quantized_groups(model, spec)
     free, pinned = _free_groups(model, spec)
     low = min(candidates)
     smallest = smallest_bytes(model, spec, budget_bytes, candidates)
@@ -223,7 +225,8 @@ def apply_plan(model: nn.Module, plan: Plan) -> None:
     """Set a quantized model's bits to a saved plan's (a resumed run); a UserError if the plan is for another model.
     Each of the plan's groups sets the model's groups its name selects, so that a plan made when a bert2bert's two
     word-embedding tables were one `embeddings` group sets both."""
-    groups = weight_groups(model)
+    groups = {g: m for g, m in weight_groups(model).items()  # those quantized: position tables only if pinned
+              if all(parametrize.is_parametrized(module, "weight") for _, module in m)}
     chosen: dict[Group, int] = {}
     for name, info in plan.groups.items():
         selected = [g for g in groups if g.name == name or (name == "embeddings" and g.kind == "embeddings")]

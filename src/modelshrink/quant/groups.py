@@ -7,7 +7,8 @@ family's layers group alike. The word embeddings and a tied LM head are one tens
 encoder and decoder each have a table of their own (bert2bert, a Marian without shared embeddings) has two,
 `encoder.embeddings` and `decoder.embeddings` (the decoder's holds a tied LM head): they carry different things (a
 bert2bert student's encoder table stays close to the pretrained one, its decoder's moves far), so a budget gives
-each its own bits; the rule `embeddings=BITS` still sets both.
+each its own bits; the rule `embeddings=BITS` still sets both. Learned position tables are `positions` (per stack
+alike), quantized only where a rule names them.
 """
 
 from __future__ import annotations
@@ -47,18 +48,25 @@ def _stack(parts: list[str]) -> str:
     return next((_STACK_ALIASES[p] for p in parts if p in _STACK_ALIASES), "")
 
 
-def embedding_groups(model: nn.Module, embeddings: list[nn.Embedding]) -> dict[int, Group]:
-    """The group of each word-embedding tensor (by id): `encoder.embeddings` and `decoder.embeddings` where the two
-    stacks each use a table of their own and nothing else uses either, else `embeddings` for every table."""
+def position_tables(model: nn.Module) -> list[nn.Embedding]:
+    """Every learned position table (BERT's `position_embeddings`, BART's `embed_positions`); not the tables an
+    architecture computes from their shape (Marian's sinusoids: never stored, so nothing to quantize)."""
+    return [m for name, m in model.named_modules() if isinstance(m, nn.Embedding) and "position" in
+            name.rsplit(".", 1)[-1] and not callable(getattr(m, "create_weight", None))]
+
+
+def table_groups(model: nn.Module, tables: list[nn.Embedding], kind: str = "embeddings") -> dict[int, Group]:
+    """The group of each table tensor (by id): `encoder.KIND` and `decoder.KIND` where the two stacks each use one
+    of their own and nothing else uses either, else `KIND` for every table."""
     users: dict[int, set[str]] = {}
-    ids = {id(m) for m in embeddings}
+    ids = {id(m) for m in tables}
     for name, module in model.named_modules(remove_duplicate=False):
         if id(module) in ids:
             users.setdefault(id(weight_of(module)), set()).add(_stack(name.split(".")))
     stacks = {tensor: next(iter(used)) if len(used) == 1 else "" for tensor, used in users.items()}
     if sorted(stacks.values()) != sorted(STACKS):
-        return {tensor: Group(kind="embeddings") for tensor in stacks}
-    return {tensor: Group(stack, -1, "embeddings") for tensor, stack in stacks.items()}
+        return {tensor: Group(kind=kind) for tensor in stacks}
+    return {tensor: Group(stack, -1, kind) for tensor, stack in stacks.items()}
 
 
 def linear_group(name: str) -> Group:
@@ -77,15 +85,17 @@ def linear_group(name: str) -> Group:
 
 
 def weight_groups(model: nn.Module) -> dict[Group, list[tuple[str, nn.Module]]]:
-    """Every weight that quantization stores as integers, by group: (module name, module) pairs, tied copies
-    included (they take their tensor's bits); sorted by group."""
+    """Every weight that quantization can store as integers, by group: (module name, module) pairs, tied copies
+    included (they take their tensor's bits); sorted by group. Position tables are among them, though a spec
+    quantizes them only where a rule says (`QuantSpec.bits_of` is None otherwise)."""
     head = model.get_output_embeddings()
     embeddings = word_embeddings(model)
-    tables = embedding_groups(model, embeddings)
+    positions = position_tables(model)
+    tables = {**table_groups(model, embeddings), **table_groups(model, positions, "positions")}
     found: dict[Group, list[tuple[str, nn.Module]]] = {}
-    embedding_ids = {id(m) for m in embeddings}
+    table_ids = {id(m) for m in embeddings + positions}
     for name, module in model.named_modules():
-        if id(module) in embedding_ids:
+        if id(module) in table_ids:
             group = tables[id(weight_of(module))]
         elif module is head and isinstance(module, nn.Linear):
             group = tables.get(id(weight_of(head)), Group(kind="lm_head"))  # tied: its table's group
@@ -106,8 +116,13 @@ def _missing(selector: str, groups: list[Group], model: nn.Module) -> str:
                 if g.kind == "embeddings" and any(m is head for _, m in modules)]
         if tied:
             return f"this model ties its LM head to the word embeddings (one tensor): set {tied[0].name}=BITS for both"
-    if parsed.kind == "embeddings" and parsed.stack and Group(kind="embeddings") in groups:
-        return "this model's encoder and decoder share one word-embedding table: set embeddings=BITS"
+    if parsed.kind in ("embeddings", "positions") and parsed.stack and Group(kind=parsed.kind) in groups:
+        what = {"embeddings": "word-embedding", "positions": "position"}[parsed.kind]
+        return f"this model's encoder and decoder share one {what} table: set {parsed.kind}=BITS"
+    if parsed.kind == "positions" and not any(g.kind == "positions" for g in groups):
+        if any(callable(getattr(m, "create_weight", None)) for m in model.modules()):
+            return "this model computes its positions from their shape (sinusoids), which are not stored at all"
+        return "this model has no learned position table"
     layers = {s: sorted({g.layer for g in groups if g.stack == s and g.layer >= 0}) for s in STACKS}
     have = "; ".join(f"{s} layers {v[0]}-{v[-1]}" for s, v in layers.items() if v) or "no layers"
     kinds = sorted({g.kind for g in groups})
@@ -122,7 +137,12 @@ def check_rules(model: nn.Module, spec: QuantSpec) -> None:
             raise UserError(f"--bits rule {selector}={bits} selects nothing: {_missing(selector, groups, model)}")
 
 
+def quantized_groups(model: nn.Module, spec: QuantSpec) -> dict[Group, list[tuple[str, nn.Module]]]:
+    """`weight_groups` less those `spec` leaves in float (position tables no rule selects)."""
+    return {g: m for g, m in weight_groups(model).items() if spec.bits_of(g) is not None}
+
+
 def bits_by_group(model: nn.Module, spec: QuantSpec) -> dict[Group, int]:
-    """The bits of every group under `spec` (rules checked against the model first)."""
+    """The bits of every group `spec` quantizes (rules checked against the model first)."""
     check_rules(model, spec)
-    return {group: spec.bits_of(group) for group in weight_groups(model)}
+    return {group: spec.bits_of(group) for group in quantized_groups(model, spec)}

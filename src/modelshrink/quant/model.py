@@ -1,15 +1,15 @@
 """Quantized artifacts that are small on disk: integers, not fake-quantized floats.
 
 `modelshrink-quantized.safetensors` holds, for every quantized weight, `NAME.qweight` (the integers packed: int8 at
-8 bits, two per byte at 3-4 bits, five ternary digits per byte at 2 bits) and `NAME.scale` (α, per
-tensor or per row, float32); every other tensor (learned positional embeddings, norms, biases) as it was, except
-tables the architecture computes from their shape (Marian's and Pegasus' sinusoidal positions, 26% of a 2-2-8
-Marian-shaped student): those are left out and made again on load (`recomputed_tables`).
+8 bits, two per byte at 3-4 bits, five ternary digits per byte at 2 bits) and `NAME.scale` (α, per tensor or per
+row, float32); every other tensor (learned positional embeddings unless a rule quantizes them, norms, biases) as it
+was, except tables the architecture computes from their shape (Marian's and Pegasus' sinusoidal positions, 26% of a
+2-2-8 Marian-shaped student): those are left out and made again on load (`recomputed_tables`).
 config.json carries `quantization_config` (quant_method "modelshrink", the bits, the granularity,
 the packing, and each quantized tensor's shape and bits), enough to rebuild the model. A model with per-layer bits
 (`--bits 2-2-8,cross_attention=8`, `--budget-mb`) is format 2 (3 where a rule names one stack's word embeddings,
-`encoder.embeddings=2`): its config also lists the rules and each group's bits, and a reader refuses any format
-newer than its own.
+`encoder.embeddings=2`, or position tables, `positions=8`): its config also lists the rules and each group's bits,
+and a reader refuses any format newer than its own.
 
 Plain `transformers.from_pretrained` cannot read this: it finds no weights file it knows and fails
 (a file named model.safetensors would instead be loaded half-empty, with random weights).
@@ -42,7 +42,8 @@ QUANT_METHOD = "modelshrink"
 # and fails loudly.
 WEIGHTS_NAME = "modelshrink-quantized.safetensors"
 # 1: one W-E-A for every layer (no `format_version` key); 2: per-layer bits (`rules`, `groups`); 3: as 2, with a
-# rule for one stack's own word embeddings (`encoder.embeddings=2`), which a reader of 2 cannot parse. Each artifact
+# rule for one stack's own word embeddings (`encoder.embeddings=2`) or for position tables (`positions=8`), which a
+# reader of 2 cannot parse. Each artifact
 # has the lowest format that holds it; a reader refuses a newer format in one line rather than misreading it.
 FORMAT_VERSION = 3
 
@@ -51,7 +52,8 @@ def format_of(spec: QuantSpec) -> int:
     """The format an artifact quantized under `spec` is written in (1 is written without the key)."""
     if not spec.mixed:
         return 1
-    return 3 if any(Selector.parse(s).kind == "embeddings" and Selector.parse(s).stack for s, _ in spec.rules) else 2
+    selectors = [Selector.parse(s) for s, _ in spec.rules]
+    return 3 if any(s.kind == "positions" or (s.kind == "embeddings" and s.stack) for s in selectors) else 2
 
 
 def is_quantized(config: Any) -> bool:

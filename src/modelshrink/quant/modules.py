@@ -31,7 +31,7 @@ from torch.nn.utils import parametrize
 
 from modelshrink.errors import UserError
 from modelshrink.families import CLASSIFIER_TYPES, KEY_VALUE, is_attention_projection
-from modelshrink.quant.groups import check_rules, weight_groups
+from modelshrink.quant.groups import check_rules, quantized_groups
 from modelshrink.quant.quantizers import fake_quantize, fake_quantize_activation
 from modelshrink.quant.spec import QuantSpec
 
@@ -154,7 +154,8 @@ def quantize_model(model: nn.Module, spec: QuantSpec, weights: bool = True) -> d
     """Apply the surgery in place; returns how many modules of each kind were changed.
 
     Each weight takes its group's bits (`QuantSpec.bits_of`: W for linears, E for word embeddings and the LM
-    head, unless a rule says otherwise); linears per `spec.granularity`, embeddings and the LM head per row.
+    head, unless a rule says otherwise; position tables only where a rule names them); linears per
+    `spec.granularity`, embeddings, position tables and the LM head per row.
     With `weights=False` only activations and attention are quantized: for a model whose stored
     weights are already quantized values (loading an artifact), fake-quantizing them again would
     give the same numbers at a cost."""
@@ -163,7 +164,7 @@ def quantize_model(model: nn.Module, spec: QuantSpec, weights: bool = True) -> d
     register_attention()
     head = model.get_output_embeddings()
     counts = {"linear": 0, "embedding": 0, "lm_head": 0, "qkv_outputs": 0, "attention": 0}
-    for group, modules in weight_groups(model).items():
+    for group, modules in quantized_groups(model, spec).items():
         bits = spec.bits_of(group)
         for name, module in modules:
             is_linear = isinstance(module, nn.Linear)
@@ -210,7 +211,8 @@ def _lookup_unshared_embeddings(model: nn.Module) -> None:
             users.setdefault(id(module.parametrizations.weight.original), []).append(module)
     for modules in users.values():
         module = modules[0]
-        if len(modules) == 1 and isinstance(module, nn.Embedding) and module.parametrizations.weight[0].per_row:
+        plain = type(module).forward is nn.Embedding.forward  # not a position table's forward, a scaled table's
+        if len(modules) == 1 and isinstance(module, nn.Embedding) and plain and module.parametrizations.weight[0].per_row:
             module.forward = types.MethodType(_looked_up_rows, module)
 
 

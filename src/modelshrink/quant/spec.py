@@ -8,10 +8,11 @@ it give parts of the model other bits (issue 55's mixed precision), later rules 
 A rule is `SELECTOR=BITS`, the selector one or more of, in this order, joined by dots: a stack (`encoder`,
 `decoder`), a layer number (after a stack), a kind (`attention` = self-attention, `cross_attention`, `ffn`) — or
 one of the parts outside the layers: `embeddings` (the word embeddings; `encoder.embeddings` and
-`decoder.embeddings` in a model whose encoder and decoder have a table each, as bert2bert), `lm_head` (the output
-embedding; in a model that ties it to the word embeddings it is the same tensor, so it takes their bits), `head` (a
-classifier's pooler and classifier). A stack or layer alone selects layers, never a part outside them. Bits 2
-(ternary) to 8; activations keep A.
+`decoder.embeddings` in a model whose encoder and decoder have a table each, as bert2bert), `positions` (learned
+position tables, `encoder.positions` and `decoder.positions` where each stack has one: float unless a rule sets
+them), `lm_head` (the output embedding; in a model that ties it to the word embeddings it is the same tensor, so it
+takes their bits), `head` (a classifier's pooler and classifier). A stack or layer alone selects layers, never a
+part outside them. Bits 2 (ternary) to 8; activations keep A.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from modelshrink.errors import UserError
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
 STACKS = ("encoder", "decoder")
 LAYER_KINDS = ("attention", "cross_attention", "ffn")
-OUTSIDE_KINDS = ("embeddings", "lm_head", "head")
+OUTSIDE_KINDS = ("embeddings", "positions", "lm_head", "head")
+TABLE_KINDS = ("embeddings", "positions")  # a stack can have one of its own: `decoder.embeddings`
 
 
 def code_threshold(bits: int) -> int:
@@ -82,9 +84,9 @@ class Selector:
         if parts or (stack is None and kind is None):
             raise UserError(f"--bits rule '{text}': a selector is [encoder|decoder][.LAYER][.KIND] with KIND one of "
                             f"{', '.join(LAYER_KINDS)}, or one of {', '.join(OUTSIDE_KINDS)}")
-        if kind in OUTSIDE_KINDS and stack is not None and (kind != "embeddings" or layer is not None):
-            hint = f"{kind}=BITS" + (f", or {stack}.embeddings=BITS for the {stack}'s own table"
-                                     if kind == "embeddings" else "")
+        if kind in OUTSIDE_KINDS and stack is not None and (kind not in TABLE_KINDS or layer is not None):
+            hint = f"{kind}=BITS" + (f", or {stack}.{kind}=BITS for the {stack}'s own table"
+                                     if kind in TABLE_KINDS else "")
             raise UserError(f"--bits rule '{text}': {kind} is outside the layers; write it alone ({hint})")
         return cls(stack, layer, kind)
 
@@ -122,11 +124,14 @@ class QuantSpec:
     def mixed(self) -> bool:
         return bool(self.rules)
 
-    def default_bits(self, group: Group) -> int:
+    def default_bits(self, group: Group) -> int | None:
+        if group.kind == "positions":
+            return None  # DQ-BART keeps them float; a rule quantizes them
         return self.embedding_bits if group.kind in ("embeddings", "lm_head") else self.weight_bits
 
-    def bits_of(self, group: Group) -> int:
-        """The bits `group` gets: the last rule that selects it, else W (linears) or E (embeddings, LM head)."""
+    def bits_of(self, group: Group) -> int | None:
+        """The bits `group` gets: the last rule that selects it, else W (linears) or E (embeddings, LM head); None
+        for position tables no rule selects (left in float)."""
         bits = self.default_bits(group)
         for selector, value in self.rules:
             if Selector.parse(selector).matches(group):
