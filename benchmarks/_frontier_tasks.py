@@ -126,7 +126,7 @@ class Task:
     teacher: str  # --teacher's default
     work: Path  # --work's default: a folder of each task's own, so no artifact of one is resumed as the other's
     recipe: str  # what makes that teacher
-    defaults: dict  # of --student-steps, --quantize-steps, --max-tokens
+    defaults: dict  # of --student-steps, --quantize-steps, --max-tokens, --budget-bits
     student_lr: float
     fewer_steps: int  # the fewer-decoder-layer quantize form trains this many times --quantize-steps
     section: str  # its BENCHMARKS.md markers
@@ -152,7 +152,7 @@ TASKS = {
         scoring="ROUGE 95% intervals by bootstrap, p: paired permutation test against the teacher",
         data=SHARED / "debian-descriptions", files="{split}.jsonl.gz", teacher="runs/repro/teacher",
         work=Path("runs/frontier"), recipe="recipes/teacher-debian.sh",
-        defaults=dict(student_steps=1500, quantize_steps=300, max_tokens=3072),
+        defaults=dict(student_steps=1500, quantize_steps=300, max_tokens=3072, budget_bits="8-8-8,positions=8"),
         student_lr=3e-4, fewer_steps=1, section="frontier", title="frontier: what the whole chain buys",
         figure=ROOT / "benchmarks" / "frontier.png", tiny=tiny_summarization),
     "translation": Task(
@@ -164,7 +164,8 @@ TASKS = {
                 "(approximate randomization of the sentences' statistics) against the teacher on BLEU",
         data=SHARED / "debian-translations", files="{pair}.{split}.jsonl.gz", teacher="runs/repro-mt/teacher",
         work=Path("runs/frontier-translation"), recipe="STAGES=teacher bash recipes/dq-bart-translation.sh",
-        defaults=dict(student_steps=1200, quantize_steps=600, max_tokens=4096), student_lr=1e-4, fewer_steps=2,
+        defaults=dict(student_steps=1200, quantize_steps=600, max_tokens=4096, budget_bits="8-8-8"),  # sinusoids
+        student_lr=1e-4, fewer_steps=2,
         section="frontier-translation", title="frontier: what the whole chain buys, translation (issue 55)",
         figure=ROOT / "benchmarks" / "frontier-translation.png", tiny=tiny_translation, pair="en-de",
         reuse="recipes/dq-bart-translation.sh's OUT/dq-bart"),

@@ -16,8 +16,8 @@ finished one):
                             folder (888-6-6, 228-6-6, 228-6-3) instead of training them
   --uniform (3-3-8, 4-4-8)  more uniform bits, all layers, the same steps (issue 55)
   --budgets (10x, 13x,      `quantize --budget-mb`: each layer group's bits chosen from measured sensitivity under a
-   10x:D, 10x:student)      budget (MB, or Nx: the teacher's float32 weights over N; `:D` with D decoder layers, as
-                            the fewer-layer 2-2-8, which is what a 5x batch-1 speed-up needs), the same steps. The
+   10x:D, =2-2-8:D,         budget (MB, or Nx: the teacher's float32 weights over N; `:D` with D decoder layers, as
+   10x:student, =4-4-8)     the fewer-layer 2-2-8, which is what a 5x batch-1 speed-up needs), the same steps. The
                             budget bounds the export, what is deployed and measured (--budget-of export):
                             `quantize`'s budget (its artifact) is it less the graph the export adds, measured on the
                             uniform 2-2-8 export of the same depth (export MB less its artifact's, 0.46 MB at
@@ -26,7 +26,11 @@ finished one):
                             also compared with the uniform form of its depth nearest its size (paired permutation
                             test, `eval --compare`). `=W-E-A` (=4-4-8) is a budget of that uniform form's
                             artifact size, byte for byte, made after it and compared with it: the allocation
-                            against uniform bits at an equal budget. `:student` quantizes the distilled student instead of the
+                            against uniform bits at an equal budget (`=2-2-8:D`: the fewer-layer 2-2-8's). Every
+                            budget form is quantized with --budget-bits (8-8-8,positions=8: the learned position
+                            tables pinned at 8 bits, every other group's bits chosen; translation: 8-8-8, its
+                            positions are sinusoids, not stored). `:student` quantizes the
+                            distilled student instead of the
                             teacher (the whole chain: distill, then quantize under the budget, the teacher teaching
                             both); it has had the student's steps besides, so it is left out of that comparison
 Every quantize form scales its weights per output row (--granularity row; `tensor` is DQ-BART's setting): the
@@ -170,9 +174,12 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
                                *uniform):
         jobs.append((name, bits, None, layers))
     for text in budgets(args, fewer):
-        if equal_to(text) and uniform_folder(equal_to(text)) not in {job[0] for job in jobs}:
-            sys.exit(f"frontier: budget {text} is the size of the uniform {equal_to(text)} form, which this run does "
-                     "not make (add it to --uniform)")
+        layers = budget_of(text)[1]
+        if equal_to(text) and (layers not in (None, fewer)
+                               or uniform_folder(equal_to(text), layers) not in {job[0] for job in jobs}):
+            depth = f" with {layers} decoder layers" if layers else ""
+            sys.exit(f"frontier: budget {text} is the size of the uniform {equal_to(text)} form{depth}, which this run "
+                     f"does not make (every layer: add it to --uniform; fewer layers: only =2-2-8:{fewer})")
 
     def priority(job: tuple) -> tuple:  # a budget form the size of a uniform one comes right after the uniform forms
         folder, bits, text, layers = job
@@ -197,7 +204,7 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
         else:
             size = budget_of(text)[0]
             if equal_to(text):  # the uniform form's artifact, byte for byte: an equal budget, whatever the export adds
-                mb = Path(made[uniform_folder(equal_to(text))], WEIGHTS_NAME).stat().st_size / 1e6
+                mb = Path(made[uniform_folder(equal_to(text), layers)], WEIGHTS_NAME).stat().st_size / 1e6
             else:
                 mb = artifact_budget(args, teacher_mb / float(size[:-1]) if size.endswith("x") else float(size),
                                      args.work / folder, layers, log)
@@ -208,7 +215,7 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
                     yield "student", student
                 model = dict(model=str(student), teacher=str(teacher))
             log(f"distillation-aware under a {mb:.2f} MB budget ({text}; {steps} steps)")
-            yield folder, quantize(QuantizeOptions(bits="8-8-8", budget_mb=mb,
+            yield folder, quantize(QuantizeOptions(bits=args.budget_bits, budget_mb=mb,
                                                    calibration_examples=args.calibration_examples, max_steps=steps,
                                                    **{**common, **model}), args.work / folder, resume=True, log=log)
 
@@ -236,22 +243,27 @@ def artifact_budget(args: argparse.Namespace, export_mb: float, folder: Path, la
 
 
 def budgets(args: argparse.Namespace, fewer: int) -> list[str]:
-    """--budgets, or the default: 10x and 13x with every layer, 10x with the fewer decoder layers, 10x of the
-    student (which has those layers), and one the size of uniform 4-4-8 (issue 55's equal-budget comparison) where
-    --uniform makes it."""
+    """--budgets, or the default: 10x and 13x with every layer, 10x with the fewer decoder layers, one the size of
+    the fewer-layer 2-2-8, 10x of the student (which has those layers), and one the size of uniform 4-4-8 (issue
+    55's equal-budget comparisons) where --uniform makes it."""
     if args.budgets is not None:
         return args.budgets
-    return ["10x", "13x", f"10x:{fewer}", "10x:student", *(["=4-4-8"] if "4-4-8" in args.uniform else [])]
+    # the size of the fewer-layer 2-2-8 where --budget-bits quantizes the position tables (every other weight of
+    # that form is at the narrowest bits already: only what the tables free is there to allocate)
+    equal_depth = [f"=2-2-8:{fewer}"] if "positions=" in (args.budget_bits or "") else []
+    return ["10x", "13x", f"10x:{fewer}", *equal_depth, "10x:student", *(["=4-4-8"] if "4-4-8" in args.uniform else [])]
 
 
 def equal_to(text: str) -> str | None:
-    """"=4-4-8" -> "4-4-8": a budget form the size of that uniform form's artifact (every layer), compared with it at
-    an equal budget; None for any other budget."""
-    return text[1:] if text.startswith("=") else None
+    """"=4-4-8" -> "4-4-8", "=2-2-8:3" -> "2-2-8": a budget form the size of that uniform form's artifact (every
+    layer, or :D decoder layers), compared with it at an equal budget; None for any other budget."""
+    return text[1:].partition(":")[0] if text.startswith("=") else None
 
 
-def uniform_folder(bits: str) -> str:
-    """The folder of the uniform `bits` form with every layer."""
+def uniform_folder(bits: str, layers: int | None = None) -> str:
+    """The folder of the uniform `bits` form with every layer, or with the fewer decoder layers (2-2-8 alone)."""
+    if layers:
+        return "228-6-3" if bits == "2-2-8" else f"{bits.replace('-', '')}-fewer"
     return {"2-2-8": "228-6-6", "8-8-8": "888-6-6"}.get(bits, bits.replace("-", "") + "-all")
 
 
@@ -272,23 +284,26 @@ def budget_list(text: str) -> list[str]:
     :student or neither."""
     items = [b.strip() for b in text.split(",") if b.strip()]
     for item in items:
-        if not re.fullmatch(r"(\d+(\.\d+)?)x?(:([1-9]\d*|student))?|=\d-\d-\d", item):
+        if not re.fullmatch(r"(\d+(\.\d+)?)x?(:([1-9]\d*|student))?|=\d-\d-\d(:[1-9]\d*)?", item):
             raise argparse.ArgumentTypeError(f"{item!r} is not a budget: MB (15, 19.5) or Nx (10x), optionally "
                                              "with :D decoder layers (10x:3) or of the student (10x:student), or "
-                                             "=W-E-A, the size of that uniform form (=4-4-8)")
+                                             "=W-E-A, the size of that uniform form (=4-4-8; =2-2-8:3 with 3 "
+                                             "decoder layers)")
     return items
 
 
 def budget_folder(text: str) -> str:
     if equal_to(text):
-        return "budget-as-" + equal_to(text).replace("-", "")
+        layers = budget_of(text)[1]
+        return "budget-as-" + equal_to(text).replace("-", "") + (f"-d{layers}" if layers else "")
     size, layers = budget_of(text)
     return f"budget-{size}" + (f"-d{layers}" if layers else "-student" if of_student(text) else "")
 
 
 def budget_name(text: str, fewer: int) -> str:
     if equal_to(text):
-        return f"budget = {equal_to(text)} distillation-aware, ONNX"
+        layers = budget_of(text)[1]
+        return f"budget = {equal_to(text)}{f' (D {layers})' if layers else ''} distillation-aware, ONNX"
     size, layers = budget_of(text)
     where = f" of the student (D {fewer})" if of_student(text) else f" (D {layers})" if layers else ""
     return f"budget {size}{where} distillation-aware, ONNX"
@@ -479,7 +494,7 @@ def budget_against_uniform(forms: dict[str, tuple[str, Path]], results: dict[str
         size = artifact_mb(path)
         nearest = min(uniform, key=lambda u: abs(uniform[u] - size))
         if name.startswith("budget = "):  # the size of a uniform form: compared with that one
-            nearest = f"{name.split()[2]} distillation-aware, ONNX"
+            nearest = name.removeprefix("budget = ")
         out = args.work / f"compare-{path.name.removeprefix('onnx-')}"
         log(f"{name} ({size:.2f} MB) against {nearest} ({uniform[nearest]:.2f} MB)")
         _, report = compare([results[nearest]["eval"], results[name]["eval"]], out, overwrite=True)
@@ -683,11 +698,15 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--budgets", type=budget_list,
                         help="budget forms, comma-separated: MB, or Nx (the teacher's float32 weights over N), each "
                         "with :D for D decoder layers or :student for the distilled student ('' for none) "
-                        "[default: 10x,13x,10x:D,10x:student,=4-4-8, D: --decoder-layers; =4-4-8: the size of "
-                        "uniform 4-4-8, where --uniform makes it]")
+                        "[default: 10x,13x,10x:D,=2-2-8:D,10x:student,=4-4-8, D: --decoder-layers; =4-4-8: the "
+                        "size of uniform 4-4-8, where --uniform makes it; =2-2-8:D: of the fewer-layer 2-2-8]")
     parser.add_argument("--granularity", choices=("row", "tensor"), default="row",
                         help="weight scales of every quantize form (quantize --granularity) [default: row: per tensor, "
                         "4 bits round the MiniLM teacher's feed-forward weights worse than ternary does]")
+    parser.add_argument("--budget-bits", help="quantize --bits of every budget form: the activation bits and the "
+                        "groups pinned [default: 8-8-8,positions=8: the learned position tables in 8 bits, a quarter "
+                        "of their float bytes, every other group chosen; translation: 8-8-8, its Marian-shaped "
+                        "teacher's positions are sinusoids, never stored; a finished form keeps what it was made with]")
     parser.add_argument("--budget-of", choices=("export", "artifact"), default="export",
                         help="what a budget bounds: the export (quantize's budget less the graph the uniform 2-2-8 "
                         "export of that depth adds) or the quantize artifact alone [default: export]")

@@ -18,15 +18,17 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "frontier.py"
 SMALL = ["--tiny", "--no-write", "--student-steps", "1", "--quantize-steps", "1", "--max-tokens", "256", "--docs", "2",
          "--latency-docs", "1", "--throughput-docs", "2", "--rounds", "1", "--no-export-check", "--budget-of",
          "artifact", "--uniform", "", "--budgets", "4x", "--calibration-examples", "8"]
-# summarization's run also has a budget form with fewer decoder layers (the issue's 5x speed-up needs them) and one
-# of the distilled student (the whole chain)
-SUMMARIZATION = [*SMALL[:-3], "4x,4x:1,4x:student", *SMALL[-2:]]
+# summarization's run also has a budget form with fewer decoder layers (the issue's 5x speed-up needs them), one the
+# size of the fewer-layer 2-2-8 (an equal budget: the 8-bit position tables free bytes for the layers) and one of the
+# distilled student (the whole chain)
+SUMMARIZATION = [*SMALL[:-3], "4x,4x:1,=2-2-8:1,4x:student", *SMALL[-2:]]
 
 
 FORMS = ["teacher, PyTorch", "teacher, ONNX float32", "student (D 1), ONNX float32", "student (D 1), ONNX --int8",
          "student (D 1), ONNX --int4", "8-8-8 distillation-aware, ONNX", "2-2-8 distillation-aware, ONNX",
          "2-2-8 (D 1) distillation-aware, ONNX", "budget 4x distillation-aware, ONNX"]
 DEPTH_BUDGET = "budget 4x (D 1) distillation-aware, ONNX"
+EQUAL_DEPTH = "budget = 2-2-8 (D 1) distillation-aware, ONNX"
 EQUAL_BUDGET = "budget = 8-8-8 distillation-aware, ONNX"
 STUDENT_BUDGET = "budget 4x of the student (D 1) distillation-aware, ONNX"
 
@@ -59,7 +61,7 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     stdout = run_main(frontier, monkeypatch, capsys, [*SUMMARIZATION, "--work", str(work)])
     report = json.loads((work / "frontier.json").read_text())
     forms, results = report["forms"], report["results"]
-    assert report["task"] == "summarization" and list(forms) == [*FORMS, DEPTH_BUDGET, STUDENT_BUDGET]
+    assert report["task"] == "summarization" and list(forms) == [*FORMS, DEPTH_BUDGET, EQUAL_DEPTH, STUDENT_BUDGET]
     for name, got in results.items():
         assert set(got["scores"]) == {"rouge1", "rouge2", "rougeL"} and len(got["ci95"]["rougeL"]) == 2, name
         assert min(got[k] for k in ("mb", "rss_mb", "p50_ms", "p50_alone_ms", "docs_s")) > 0, name
@@ -69,7 +71,7 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     # form, then the forms of every layer
     progress = json.loads((work / "progress.json").read_text())
     students = [name for name in forms if name.startswith("student")]
-    assert list(progress) == [*FORMS[:2], "2-2-8 (D 1) distillation-aware, ONNX", DEPTH_BUDGET, *students,
+    assert list(progress) == [*FORMS[:2], "2-2-8 (D 1) distillation-aware, ONNX", DEPTH_BUDGET, EQUAL_DEPTH, *students,
                               STUDENT_BUDGET, "2-2-8 distillation-aware, ONNX", "budget 4x distillation-aware, ONNX",
                               "8-8-8 distillation-aware, ONNX"]
     assert all(progress[name]["scores"] == got["scores"] for name, got in results.items())
@@ -78,7 +80,7 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     # each export against the PyTorch model it came from (students' three exports share one evaluation)
     pytorch = {name: got["pytorch"] for name, got in results.items() if "pytorch" in got}
     assert set(pytorch) == set(forms) - {"teacher, PyTorch"}
-    assert pytorch["teacher, ONNX float32"]["within"] and len({t["path"] for t in pytorch.values() if "path" in t}) == 7
+    assert pytorch["teacher, ONNX float32"]["within"] and len({t["path"] for t in pytorch.values() if "path" in t}) == 8
     # the teacher exported to float32 summarizes as the teacher does: a paired test of identical scores gives p = 1
     assert results["teacher, ONNX float32"]["against_teacher"]["rougeL"] == 1.0
     # each form's own process: the runtime's (no torch) holds far less than PyTorch's
@@ -88,7 +90,7 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     assert mb["2-2-8 (D 1) distillation-aware, ONNX"] < mb["2-2-8 distillation-aware, ONNX"]
     # the budget forms: each quantize artifact within the budget, compared with the uniform form of its depth
     # nearest its size
-    budget, shallow = report["budgets"]
+    budget, shallow, equal = report["budgets"]
     teacher_mb = sum(p.stat().st_size for p in (work / "teacher").glob("*.safetensors")) / 1e6
     assert budget["budget"] == "budget 4x distillation-aware, ONNX" and budget["budget_mb"] <= teacher_mb / 4
     # measured on --calibration-examples of the training data
@@ -102,6 +104,15 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     assert shallow["uniform"] == "2-2-8 (D 1) distillation-aware, ONNX" and 0 <= shallow["p"]["rougeL"] <= 1
     assert json.loads((work / "budget-4x-d1" / "modelshrink.json").read_text())["options"]["decoder_layers"] == 1
     assert mb[DEPTH_BUDGET] < mb["budget 4x distillation-aware, ONNX"]
+    # the equal budget of the fewer-layer 2-2-8: its artifact's bytes exactly, compared with it; the budget forms pin
+    # the position tables at 8 bits (--budget-bits), which is what frees bytes for the layers at that size
+    assert equal["budget"] == EQUAL_DEPTH and equal["uniform"] == "2-2-8 (D 1) distillation-aware, ONNX"
+    two = (work / "228-6-3" / "modelshrink-quantized.safetensors").stat().st_size / 1e6
+    made = json.loads((work / "budget-as-228-d1" / "modelshrink.json").read_text())["options"]
+    assert made["budget_mb"] == two and made["bits"] == "8-8-8,positions=8" and made["decoder_layers"] == 1
+    groups = json.loads((work / "budget-as-228-d1" / "config.json").read_text())["quantization_config"]["groups"]
+    assert groups["encoder.positions"] == groups["decoder.positions"] == 8 and max(groups.values()) == 8
+    assert equal["budget_mb"] <= two == equal["uniform_mb"]
     # the student's budget form: the distilled student quantized under the budget, taught by the teacher; it had the
     # student's steps besides, so no uniform form is its equal and it is not compared with one
     options = json.loads((work / "budget-4x-student" / "modelshrink.json").read_text())["options"]
@@ -121,7 +132,7 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     assert frontier.artifact_budget(exporting, 5.0, work / "budget-4x-d1", 1, said.append) == recorded
     assert "budget-4x-d1 is finished under" in said[-1]
     rows = [line for line in stdout.splitlines() if line.startswith("| ")]
-    assert len(rows) == 1 + len(forms) + 1 + len(pytorch) + 1 + 2
+    assert len(rows) == 1 + len(forms) + 1 + len(pytorch) + 1 + 3
     assert ("Target met" in stdout or "Target not met" in stdout) and "Issue 55's target" in stdout
     # a rerun keeps every artifact the first run finished (nothing is trained or exported again)
     made = {p: p.stat().st_mtime for p in work.glob("*/modelshrink.json")}
@@ -206,6 +217,9 @@ def test_frontier_task_is_checked_and_brings_its_defaults(monkeypatch, capsys):
     assert args.teacher == "runs/repro-mt/teacher" and args.figure.name == "frontier-translation.png"
     assert args.work == Path("runs/frontier-translation")  # never resumes the summarization run's artifacts
     assert (args.student_steps, args.quantize_steps, args.max_tokens) == (1200, 600, 4096)
+    # its Marian-shaped teacher's positions are sinusoids (not stored): no budget quantizes them, so no equal budget
+    # of the fewer-layer 2-2-8 (nothing would be left to allocate)
+    assert args.budget_bits == "8-8-8" and frontier.budgets(args, 3) == ["10x", "13x", "10x:3", "10x:student", "=4-4-8"]
     # what the command line gives wins, wherever it stands
     args = frontier.arguments().parse_args(["--quantize-steps", "5", "--task", "translation", "--figure", "f.png"])
     assert args.quantize_steps == 5 and args.figure == Path("f.png") and args.max_tokens == 4096
@@ -216,20 +230,27 @@ def test_frontier_task_is_checked_and_brings_its_defaults(monkeypatch, capsys):
     assert args.teacher == "runs/repro/teacher" and args.figure.name == "frontier.png"
     # the budgets: 10x and 13x with every layer, 10x with the fewer decoder layers; MB or Nx, :D for depth
     # and one the size of uniform 4-4-8 (an equal budget), where --uniform makes 4-4-8
-    assert args.budgets is None and frontier.budgets(args, 3) == ["10x", "13x", "10x:3", "10x:student", "=4-4-8"]
+    assert args.budgets is None and frontier.budgets(args, 3) == ["10x", "13x", "10x:3", "=2-2-8:3", "10x:student",
+                                                                  "=4-4-8"]
+    assert args.budget_bits == "8-8-8,positions=8"
     assert frontier.budgets(frontier.arguments().parse_args(["--uniform", "3-3-8"]), 3)[-1] == "10x:student"
-    assert frontier.arguments().parse_args(["--budgets", "15,10x:2,10x:student,=8-8-8"]).budgets == [
-        "15", "10x:2", "10x:student", "=8-8-8"]
-    assert [frontier.budget_folder(t) for t in ("15", "10x:2", "10x:student", "=4-4-8")] == \
-        ["budget-15", "budget-10x-d2", "budget-10x-student", "budget-as-448"]
+    assert frontier.arguments().parse_args(["--budgets", "15,10x:2,10x:student,=8-8-8,=2-2-8:2"]).budgets == [
+        "15", "10x:2", "10x:student", "=8-8-8", "=2-2-8:2"]
+    assert [frontier.budget_folder(t) for t in ("15", "10x:2", "10x:student", "=4-4-8", "=2-2-8:3")] == \
+        ["budget-15", "budget-10x-d2", "budget-10x-student", "budget-as-448", "budget-as-228-d3"]
     assert frontier.budget_name("=4-4-8", 3) == "budget = 4-4-8 distillation-aware, ONNX"
+    assert frontier.budget_name("=2-2-8:3", 3) == "budget = 2-2-8 (D 3) distillation-aware, ONNX"
     assert frontier.budget_name("10x:2", 3) == "budget 10x (D 2) distillation-aware, ONNX"
     assert frontier.budget_name("10x:student", 3) == "budget 10x of the student (D 3) distillation-aware, ONNX"
     # a budget the size of a uniform form the run does not make: one line, before anything is trained
     lone = frontier.arguments().parse_args(["--uniform", "", "--budgets", "=4-4-8", "--teacher", "/nonexistent"])
     with pytest.raises(SystemExit, match="=4-4-8 is the size of the uniform 4-4-8 form, which this run does not make"):
         next(frontier.make_quantized(lone, Path("/nonexistent/train.jsonl.gz"), 1, [], log=lambda message: None))
-    for bad in ("10x:a", "tenx", "10x:0", "-5", "10x:students", "student", "=4-4", "=4-4-8:3"):
+    for deep in ("=4-4-8:1", "=2-2-8:2"):  # with fewer layers only the fewer-layer 2-2-8 is made (here D 1)
+        lone = frontier.arguments().parse_args(["--uniform", "4-4-8", "--budgets", deep, "--teacher", "/nonexistent"])
+        with pytest.raises(SystemExit, match="decoder layers, which this run does not make"):
+            next(frontier.make_quantized(lone, Path("/nonexistent/train.jsonl.gz"), 1, [], log=lambda message: None))
+    for bad in ("10x:a", "tenx", "10x:0", "-5", "10x:students", "student", "=4-4", "=4-4-8:0", "=2-2-8:student"):
         with pytest.raises(SystemExit):
             frontier.arguments().parse_args(["--budgets", bad])
         assert "is not a budget" in capsys.readouterr().err
