@@ -214,8 +214,9 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
                     student = Path(args.student) if args.student else make_student(args, train, fewer, log)
                     yield "student", student
                 model = dict(model=str(student), teacher=str(teacher))
+            bits = budget_bits(args, args.work / folder, log)
             log(f"distillation-aware under a {mb:.2f} MB budget ({text}; {steps} steps)")
-            yield folder, quantize(QuantizeOptions(bits=args.budget_bits, budget_mb=mb,
+            yield folder, quantize(QuantizeOptions(bits=bits, budget_mb=mb,
                                                    calibration_examples=args.calibration_examples, max_steps=steps,
                                                    **{**common, **model}), args.work / folder, resume=True, log=log)
 
@@ -240,6 +241,17 @@ def artifact_budget(args: argparse.Namespace, export_mb: float, folder: Path, la
             f"make it under {mb:.2f})")
         return made["options"]["budget_mb"]
     return mb
+
+
+def budget_bits(args: argparse.Namespace, folder: Path, log) -> str:
+    """--budget-bits, or the bits a finished budget form was made with (--resume keeps it, and refuses other
+    options), said where they differ."""
+    from modelshrink.artifacts import read_manifest
+
+    made = read_manifest(folder)["options"]["bits"] if (folder / "modelshrink.json").is_file() else args.budget_bits
+    if made != args.budget_bits:
+        log(f"{folder.name} is finished with --bits {made}: kept (remove it to make it with {args.budget_bits})")
+    return made
 
 
 def budgets(args: argparse.Namespace, fewer: int) -> list[str]:

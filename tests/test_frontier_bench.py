@@ -131,6 +131,11 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     recorded = json.loads((work / "budget-4x-d1" / "modelshrink.json").read_text())["options"]["budget_mb"]
     assert frontier.artifact_budget(exporting, 5.0, work / "budget-4x-d1", 1, said.append) == recorded
     assert "budget-4x-d1 is finished under" in said[-1]
+    # and the bits it was made with (a run with other --budget-bits keeps it, says so, and resumes nothing)
+    exporting.budget_bits = "8-8-8"
+    assert frontier.budget_bits(exporting, work / "budget-4x-d1", said.append) == "8-8-8,positions=8"
+    assert "budget-4x-d1 is finished with --bits 8-8-8,positions=8: kept" in said[-1]
+    assert frontier.budget_bits(exporting, work / "budget-9x-d1", said.append) == "8-8-8"
     rows = [line for line in stdout.splitlines() if line.startswith("| ")]
     assert len(rows) == 1 + len(forms) + 1 + len(pytorch) + 1 + 3
     assert ("Target met" in stdout or "Target not met" in stdout) and "Issue 55's target" in stdout
