@@ -223,8 +223,8 @@ def plan_bits(model: nn.Module, spec: QuantSpec, budget_bytes: int, candidates: 
 
 def apply_plan(model: nn.Module, plan: Plan) -> None:
     """Set a quantized model's bits to a saved plan's (a resumed run); a UserError if the plan is for another model.
-    Each of the plan's groups sets the model's groups its name selects, so that a plan made when a bert2bert's two
-    word-embedding tables were one `embeddings` group sets both."""
+    Each of the plan's groups sets the model's group of that name; a plan made when a bert2bert's two word-embedding
+    tables were one `embeddings` group sets both with it."""
     groups = {g: m for g, m in weight_groups(model).items()  # those quantized: position tables only if pinned
               if all(parametrize.is_parametrized(module, "weight") for _, module in m)}
     chosen: dict[Group, int] = {}

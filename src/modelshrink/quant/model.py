@@ -43,8 +43,8 @@ QUANT_METHOD = "modelshrink"
 WEIGHTS_NAME = "modelshrink-quantized.safetensors"
 # 1: one W-E-A for every layer (no `format_version` key); 2: per-layer bits (`rules`, `groups`); 3: as 2, with a
 # rule for one stack's own word embeddings (`encoder.embeddings=2`) or for position tables (`positions=8`), which a
-# reader of 2 cannot parse. Each artifact
-# has the lowest format that holds it; a reader refuses a newer format in one line rather than misreading it.
+# reader of 2 cannot parse. Each artifact has the lowest format that holds it; a reader refuses a newer format in
+# one line rather than misreading it.
 FORMAT_VERSION = 3
 
 

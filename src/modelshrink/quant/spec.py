@@ -38,9 +38,9 @@ def code_threshold(bits: int) -> int:
 @dataclass(frozen=True, order=True)
 class Group:
     """A set of weights that share one bit width: the linear layers of one kind in one layer of one stack
-    (`decoder.2.cross_attention`), or a part outside the layers (`embeddings`, or a stack's own table
-    `decoder.embeddings`; `lm_head`, `head`); linears of a stack that fit none of the kinds are `encoder.other` /
-    `decoder.other`."""
+    (`decoder.2.cross_attention`), or a part outside the layers (`embeddings`, `positions`, or a stack's own table
+    such as `decoder.embeddings`; `lm_head`, `head`); linears of a stack that fit none of the kinds are
+    `encoder.other` / `decoder.other`."""
 
     stack: str = ""  # "" outside the stacks
     layer: int = -1  # -1 outside the layers
