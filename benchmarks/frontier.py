@@ -337,9 +337,8 @@ def exported(args: argparse.Namespace, model: Path, name: str, log, **flags) -> 
 
 
 def make_forms(args: argparse.Namespace, train: Path, log, ready=None) -> dict[str, tuple[str, Path]]:
-    """Every deployable form: name -> (kind, folder), made or reused, in the table's order; `ready(index, name,
-    form)` (index: the form's row in the table) is called as each one is done, before the next is trained, so that
-    a long run can score it at once. The teacher's forms come first, then the quantize forms (make_quantized's
+    """Every deployable form: name -> (kind, folder), made or reused, in the table's order; `ready(name, form)` is
+    called as each one is done, before the next is trained, so that a long run can score it at once. The teacher's forms come first, then the quantize forms (make_quantized's
     order), the student last: issue 55's verdicts need the quantize forms and not the student."""
     from modelshrink.families import decoder_layer_count
     from modelshrink.models.loading import load_config
@@ -360,7 +359,7 @@ def make_forms(args: argparse.Namespace, train: Path, log, ready=None) -> dict[s
     def add(name: str, form: tuple[str, Path]) -> None:
         forms[name] = form
         if ready is not None:
-            ready(table.index(name), name, form)
+            ready(name, form)
 
     def onnx(model: Path, name: str, **flags) -> tuple[str, Path]:
         return "onnx", exported(args, model, name, log, **flags)
@@ -399,26 +398,27 @@ def scored(args: argparse.Namespace, model: Path, validation: Path, out: Path, l
     return metrics
 
 
-def eval_folder(args: argparse.Namespace, index: int, name: str) -> Path:
-    return args.work / ("eval-teacher" if name == TEACHER else f"eval-{index}")
+def eval_folder(args: argparse.Namespace, name: str, path: Path | None) -> Path:
+    """A form's `eval` artifact, named after the form's own folder (eval-budget-10x-student for
+    onnx-budget-10x-student), so that a form added to the table never takes another's scores."""
+    return args.work / ("eval-teacher" if name == TEACHER else f"eval-{Path(path).name.removeprefix('onnx-')}")
 
 
-def quality_of(args: argparse.Namespace, index: int, name: str, path: Path, validation: Path, log) -> dict:
+def quality_of(args: argparse.Namespace, name: str, path: Path, validation: Path, log) -> dict:
     """One form's metrics with intervals, tested against the teacher's (scored first: the teacher is form 0)."""
     task = TASKS[args.task]
     log(f"evaluating {name} on {args.docs} {task.rows}")
-    reference = eval_folder(args, 0, TEACHER)
-    metrics = scored(args, path, validation, eval_folder(args, index, name), log,
+    reference = eval_folder(args, TEACHER, None)
+    metrics = scored(args, path, validation, eval_folder(args, name, path), log,
                      against=None if name == TEACHER else reference)
     return {"scores": {k: metrics[k] for k in task.metrics}, "ci95": metrics["ci95"],
-            "against_teacher": metrics.get("against", {}).get("p"), "eval": str(eval_folder(args, index, name))}
+            "against_teacher": metrics.get("against", {}).get("p"), "eval": str(eval_folder(args, name, path))}
 
 
 def quality(forms: dict[str, tuple[str, Path]], validation: Path, args: argparse.Namespace, log) -> dict[str, dict]:
     """The task's metrics with intervals of every form, each tested against the teacher (eval artifacts in
     --work; those scored while the forms were made are read back)."""
-    return {name: quality_of(args, index, name, path, validation, log)
-            for index, (name, (_, path)) in enumerate(forms.items())}
+    return {name: quality_of(args, name, path, validation, log) for name, (_, path) in forms.items()}
 
 
 def scored_at_once(args: argparse.Namespace, validation: Path, log):
@@ -427,8 +427,8 @@ def scored_at_once(args: argparse.Namespace, validation: Path, log):
     when it has it, not all at the end."""
     progress = args.work / "progress.json"
 
-    def ready(index: int, name: str, form: tuple[str, Path]) -> None:
-        found = quality_of(args, index, name, form[1], validation, log)
+    def ready(name: str, form: tuple[str, Path]) -> None:
+        found = quality_of(args, name, form[1], validation, log)
         rows = json.loads(progress.read_text()) if progress.is_file() else {}
         before = rows.get(name, {})  # a rerun reads a finished form's scores back: it keeps when they were made
         when = before["scored"] if before.get("scores") == found.get("scores") else time.strftime("%Y-%m-%d %H:%M")
@@ -455,7 +455,7 @@ def against_pytorch(forms: dict[str, tuple[str, Path]], results: dict[str, dict]
                     args: argparse.Namespace, log) -> dict[str, dict]:
     """Each exported form's main metric (ROUGE-L, BLEU) against its PyTorch form's, on the same rows: {name:
     {METRIC, "ci95", "within"}}, `within` whether the export's score lies in the PyTorch form's 95% interval (each
-    PyTorch model evaluated once, in eval-pytorch-N; the teacher's is the frontier's first row)."""
+    PyTorch model evaluated once, in eval-pytorch-FOLDER; the teacher's is the frontier's first row)."""
     main = TASKS[args.task].main
     teacher = Path(forms[TEACHER][1]).resolve()
     done: dict[Path, dict] = {teacher: {main: results[TEACHER]["scores"][main],
@@ -465,7 +465,7 @@ def against_pytorch(forms: dict[str, tuple[str, Path]], results: dict[str, dict]
         model = model.resolve()
         if model not in done:
             log(f"evaluating the PyTorch form of {name} ({model}) on {args.docs} {TASKS[args.task].rows}")
-            metrics = scored(args, model, validation, args.work / f"eval-pytorch-{len(done)}", log)
+            metrics = scored(args, model, validation, args.work / f"eval-pytorch-{model.name}", log)
             done[model] = {main: metrics[main], "ci95": metrics["ci95"][main], "path": str(model)}
         low, high = done[model]["ci95"]
         found[name] = {**done[model], "within": low <= results[name]["scores"][main] <= high}

@@ -279,9 +279,9 @@ def test_a_rerun_keeps_when_a_form_was_scored(tmp_path, monkeypatch):
     def when() -> str:
         return json.loads((tmp_path / "progress.json").read_text())["teacher"]["scored"]
 
-    ready(0, "teacher", ("pytorch", tmp_path / "teacher"))
-    ready(0, "teacher", ("pytorch", tmp_path / "teacher"))
+    ready("teacher", ("pytorch", tmp_path / "teacher"))
+    ready("teacher", ("pytorch", tmp_path / "teacher"))
     assert when() == "2026-11-29 02:28"
     scores["scores"] = {"rougeL": 41.0}
-    ready(0, "teacher", ("pytorch", tmp_path / "teacher"))
+    ready("teacher", ("pytorch", tmp_path / "teacher"))
     assert when() == "2026-11-29 03:07"
