@@ -126,7 +126,9 @@ class Task:
     teacher: str  # --teacher's default
     work: Path  # --work's default: a folder of each task's own, so no artifact of one is resumed as the other's
     recipe: str  # what makes that teacher
-    defaults: dict  # of --student-steps, --quantize-steps, --max-tokens, --budget-bits
+    defaults: dict  # of --student-steps, --quantize-steps, --max-tokens, --budget-bits, --uniform (summarization's
+    # 2-8-8: its two word-embedding tables are nearly half its weights, so W=2 E=8 is where uniform bits put the
+    # bytes against what sensitivity says; translation's one 8,000-row table is a sixth of its teacher)
     student_lr: float
     fewer_steps: int  # the fewer-decoder-layer quantize form trains this many times --quantize-steps
     section: str  # its BENCHMARKS.md markers
@@ -152,7 +154,8 @@ TASKS = {
         scoring="ROUGE 95% intervals by bootstrap, p: paired permutation test against the teacher",
         data=SHARED / "debian-descriptions", files="{split}.jsonl.gz", teacher="runs/repro/teacher",
         work=Path("runs/frontier"), recipe="recipes/teacher-debian.sh",
-        defaults=dict(student_steps=1500, quantize_steps=300, max_tokens=3072, budget_bits="8-8-8,positions=8"),
+        defaults=dict(student_steps=1500, quantize_steps=300, max_tokens=3072, budget_bits="8-8-8,positions=8",
+                      uniform=["2-8-8", "3-3-8", "4-4-8"]),
         student_lr=3e-4, fewer_steps=1, section="frontier", title="frontier: what the whole chain buys",
         figure=ROOT / "benchmarks" / "frontier.png", tiny=tiny_summarization),
     "translation": Task(
@@ -164,7 +167,8 @@ TASKS = {
                 "(approximate randomization of the sentences' statistics) against the teacher on BLEU",
         data=SHARED / "debian-translations", files="{pair}.{split}.jsonl.gz", teacher="runs/repro-mt/teacher",
         work=Path("runs/frontier-translation"), recipe="STAGES=teacher bash recipes/dq-bart-translation.sh",
-        defaults=dict(student_steps=1200, quantize_steps=600, max_tokens=4096, budget_bits="8-8-8"),  # sinusoids
+        defaults=dict(student_steps=1200, quantize_steps=600, max_tokens=4096, budget_bits="8-8-8",  # sinusoids
+                      uniform=["3-3-8", "4-4-8"]),
         student_lr=1e-4, fewer_steps=2,
         section="frontier-translation", title="frontier: what the whole chain buys, translation (issue 55)",
         figure=ROOT / "benchmarks" / "frontier-translation.png", tiny=tiny_translation, pair="en-de",

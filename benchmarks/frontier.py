@@ -14,10 +14,12 @@ finished one):
   8-8-8, 2-2-8 (all layers) distillation-aware `quantize` of the teacher, exported (kernels measured by export);
   2-2-8, fewer layers       the same with D decoder layers; --reuse DIR takes them from recipes/dq-bart-debian.sh's
                             folder (888-6-6, 228-6-6, 228-6-3) instead of training them
-  --uniform (3-3-8, 4-4-8)  more uniform bits, all layers, the same steps (issue 55)
+  --uniform (2-8-8, 3-3-8,  more uniform bits, all layers, the same steps (issue 55; translation: 3-3-8, 4-4-8)
+   4-4-8)
   --budgets (10x, 13x,      `quantize --budget-mb`: each layer group's bits chosen from measured sensitivity under a
    10x:D, =2-2-8:D,         budget (MB, or Nx: the teacher's float32 weights over N; `:D` with D decoder layers, as
-   10x:student, =4-4-8)     the fewer-layer 2-2-8, which is what a 5x batch-1 speed-up needs), the same steps. The
+   10x:student, =2-8-8,     the fewer-layer 2-2-8, which is what a 5x batch-1 speed-up needs), the same steps. The
+   =4-4-8)
                             budget bounds the export, what is deployed and measured (--budget-of export):
                             `quantize`'s budget (its artifact) is it less the graph the export adds, measured on the
                             uniform 2-2-8 export of the same depth (export MB less its artifact's, 0.46 MB at
@@ -29,7 +31,9 @@ finished one):
                             against uniform bits at an equal budget (`=2-2-8:D`: the fewer-layer 2-2-8's). Every
                             budget form is quantized with --budget-bits (8-8-8,positions=8: the learned position
                             tables pinned at 8 bits, every other group's bits chosen; translation: 8-8-8, its
-                            positions are sinusoids, not stored). `:student` quantizes the
+                            positions are sinusoids, not stored), but for the equal budget of a uniform form
+                            wider than 2-2-8 (=2-8-8, =4-4-8), whose position tables stay float as that form's do:
+                            the two then differ only in how the same bytes are allocated. `:student` quantizes the
                             distilled student instead of the
                             teacher (the whole chain: distill, then quantize under the budget, the teacher teaching
                             both); it has had the student's steps besides, so it is left out of that comparison
@@ -156,10 +160,11 @@ def make_student(args: argparse.Namespace, train: Path, fewer: int, log) -> Path
 
 def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: list[tuple], log):
     """The distillation-aware quantize forms (taken from --reuse where it has them) and the --budgets forms, each
-    yielded as (folder name, artifact) as soon as it is made, in the order issue 55's verdicts need them: the
-    fewer-layer forms first (its >= 5x faster form can only be one of them), each budget form right after the
-    uniform 2-2-8 of its depth, then a budget form of the student (the student is made for it, and yielded as
-    ("student", folder) first), then the other uniform forms and 8-8-8 last."""
+    yielded as (folder name, artifact) as soon as it is made, in the order issue 55's verdicts need them
+    (made_in_order): the fewer-layer forms first (its >= 5x faster form can only be one of them), each budget form
+    right after the uniform 2-2-8 of its depth, then a budget form of the student (the student is made for it, and
+    yielded as ("student", folder) first), then the forms of every layer, each equal budget right after its
+    uniform form, 8-8-8 last."""
     from modelshrink.quant.model import WEIGHTS_NAME
     from modelshrink.steps.quantize import QuantizeOptions, quantize
 
@@ -181,15 +186,9 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
             sys.exit(f"frontier: budget {text} is the size of the uniform {equal_to(text)} form{depth}, which this run "
                      f"does not make (every layer: add it to --uniform; fewer layers: only =2-2-8:{fewer})")
 
-    def priority(job: tuple) -> tuple:  # a budget form the size of a uniform one comes right after the uniform forms
-        folder, bits, text, layers = job
-        same = equal_to(text) if text else None
-        return (layers is None, text is not None and of_student(text),
-                2 if same else {"2-2-8": 0, None: 1}.get(bits, 2), "8-8-8" in (bits, same), same is not None)
-
     student = None
     made: dict[str, Path] = {}  # uniform folder -> its artifact (a budget form of its size reads it)
-    for folder, bits, text, layers in sorted(jobs, key=priority):  # sorted() is stable: --budgets' order kept
+    for folder, bits, text, layers in sorted(jobs, key=lambda job: made_in_order(job, args.uniform)):
         steps = args.quantize_steps * (task.fewer_steps if layers else 1)  # a budget form: as the uniform of its depth
         if text is None:
             reused = Path(args.reuse) / folder if args.reuse else None
@@ -214,11 +213,27 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
                     student = Path(args.student) if args.student else make_student(args, train, fewer, log)
                     yield "student", student
                 model = dict(model=str(student), teacher=str(teacher))
-            bits = budget_bits(args, args.work / folder, log)
+            bits = budget_bits(args, args.work / folder, log, text)
             log(f"distillation-aware under a {mb:.2f} MB budget ({text}; {steps} steps)")
             yield folder, quantize(QuantizeOptions(bits=bits, budget_mb=mb,
                                                    calibration_examples=args.calibration_examples, max_steps=steps,
                                                    **{**common, **model}), args.work / folder, resume=True, log=log)
+
+
+def made_in_order(job: tuple, uniform: list[str]) -> tuple:
+    """The sort key of a quantize job (folder, uniform bits or None, budget text or None, decoder layers): the
+    fewer-layer forms first (2-2-8, its other budgets, its equal budget), then the student's budget form, then every
+    layer: 2-2-8, each --uniform form with its equal budget right after it, the other budgets, 8-8-8 (and its equal
+    budget) last. Jobs of one rank keep their order (sorted() is stable: --budgets' order)."""
+    _, bits, text, layers = job
+    same = equal_to(text) if text else None
+    if layers is not None:
+        rank = 0.0 if bits == "2-2-8" else 2.0 if same else 1.0
+    else:
+        of = bits or same
+        rank = (0.0 if of == "2-2-8" else 2000.0 if of == "8-8-8" else 1000.0 if of is None
+                else 1.0 + uniform.index(of) if of in uniform else 1000.0) + (0.5 if same else 0.0)
+    return (layers is None, text is not None and of_student(text), rank)
 
 
 def artifact_budget(args: argparse.Namespace, export_mb: float, folder: Path, layers: int | None, log) -> float:
@@ -243,27 +258,40 @@ def artifact_budget(args: argparse.Namespace, export_mb: float, folder: Path, la
     return mb
 
 
-def budget_bits(args: argparse.Namespace, folder: Path, log) -> str:
-    """--budget-bits, or the bits a finished budget form was made with (--resume keeps it, and refuses other
-    options), said where they differ."""
+def budget_bits(args: argparse.Namespace, folder: Path, log, text: str | None = None) -> str:
+    """--budget-bits for the budget form `text` (bits_for), or the bits a finished budget form was made with
+    (--resume keeps it, and refuses other options), said where they differ."""
     from modelshrink.artifacts import read_manifest
 
-    made = read_manifest(folder)["options"]["bits"] if (folder / "modelshrink.json").is_file() else args.budget_bits
-    if made != args.budget_bits:
-        log(f"{folder.name} is finished with --bits {made}: kept (remove it to make it with {args.budget_bits})")
+    wanted = bits_for(args.budget_bits, text)
+    made = read_manifest(folder)["options"]["bits"] if (folder / "modelshrink.json").is_file() else wanted
+    if made != wanted:
+        log(f"{folder.name} is finished with --bits {made}: kept (remove it to make it with {wanted})")
     return made
+
+
+def bits_for(budget_bits: str, text: str | None) -> str:
+    """--budget-bits as the budget form `text` takes it: a budget the size of a uniform form above the narrowest
+    bits (=4-4-8, =2-8-8) leaves out the position tables' pin, so that they stay float as that uniform form keeps
+    them and the two differ only in how the same bytes are allocated; =2-2-8 keeps the pin, the one thing to
+    allocate at that size (every other weight of uniform 2-2-8 is at the narrowest bits already)."""
+    if text is None or equal_to(text) in (None, "2-2-8"):
+        return budget_bits
+    rules = [rule for rule in budget_bits.split(",") if not rule.partition("=")[0].strip().endswith("positions")]
+    return ",".join(rules)
 
 
 def budgets(args: argparse.Namespace, fewer: int) -> list[str]:
     """--budgets, or the default: 10x and 13x with every layer, 10x with the fewer decoder layers, one the size of
-    the fewer-layer 2-2-8, 10x of the student (which has those layers), and one the size of uniform 4-4-8 (issue
-    55's equal-budget comparisons) where --uniform makes it."""
+    the fewer-layer 2-2-8, 10x of the student (which has those layers), and one the size of uniform 2-8-8 and one of
+    4-4-8 (issue 55's equal-budget comparisons) where --uniform makes them."""
     if args.budgets is not None:
         return args.budgets
     # the size of the fewer-layer 2-2-8 where --budget-bits quantizes the position tables (every other weight of
     # that form is at the narrowest bits already: only what the tables free is there to allocate)
     equal_depth = [f"=2-2-8:{fewer}"] if "positions=" in (args.budget_bits or "") else []
-    return ["10x", "13x", f"10x:{fewer}", *equal_depth, "10x:student", *(["=4-4-8"] if "4-4-8" in args.uniform else [])]
+    equal = [f"={bits}" for bits in ("2-8-8", "4-4-8") if bits in args.uniform]
+    return ["10x", "13x", f"10x:{fewer}", *equal_depth, "10x:student", *equal]
 
 
 def equal_to(text: str) -> str | None:
@@ -705,8 +733,10 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--reuse", help=f"{TASKS['summarization'].reuse} (translation: "
                         f"{TASKS['translation'].reuse}): its 888-6-6, 228-6-6, 228-6-3")
     parser.add_argument("--student", help="a student to reuse instead of distilling one")
-    parser.add_argument("--uniform", type=lambda t: [b for b in t.split(",") if b], default=["3-3-8", "4-4-8"],
-                        help="more uniform W-E-A forms, all layers, comma-separated ('' for none) [default: 3-3-8,4-4-8]")
+    parser.add_argument("--uniform", type=lambda t: [b for b in t.split(",") if b],
+                        help="more uniform W-E-A forms, all layers, comma-separated ('' for none), each made with its "
+                        "equal budget (=W-E-A, in the default --budgets) right after it [default: 2-8-8,3-3-8,4-4-8; "
+                        "translation: 3-3-8,4-4-8]")
     parser.add_argument("--budgets", type=budget_list,
                         help="budget forms, comma-separated: MB, or Nx (the teacher's float32 weights over N), each "
                         "with :D for D decoder layers or :student for the distilled student ('' for none) "

@@ -225,6 +225,7 @@ def test_frontier_task_is_checked_and_brings_its_defaults(monkeypatch, capsys):
     # its Marian-shaped teacher's positions are sinusoids (not stored): no budget quantizes them, so no equal budget
     # of the fewer-layer 2-2-8 (nothing would be left to allocate)
     assert args.budget_bits == "8-8-8" and frontier.budgets(args, 3) == ["10x", "13x", "10x:3", "10x:student", "=4-4-8"]
+    assert args.uniform == ["3-3-8", "4-4-8"]  # its one 8,000-row table is a sixth of the teacher: no 2-8-8
     # what the command line gives wins, wherever it stands
     args = frontier.arguments().parse_args(["--quantize-steps", "5", "--task", "translation", "--figure", "f.png"])
     assert args.quantize_steps == 5 and args.figure == Path("f.png") and args.max_tokens == 4096
@@ -234,11 +235,13 @@ def test_frontier_task_is_checked_and_brings_its_defaults(monkeypatch, capsys):
     assert (args.student_steps, args.quantize_steps, args.max_tokens) == (1500, 300, 3072)
     assert args.teacher == "runs/repro/teacher" and args.figure.name == "frontier.png"
     # the budgets: 10x and 13x with every layer, 10x with the fewer decoder layers; MB or Nx, :D for depth
-    # and one the size of uniform 4-4-8 (an equal budget), where --uniform makes 4-4-8
+    # and one the size of uniform 2-8-8 and of 4-4-8 (equal budgets), where --uniform makes them
+    assert args.uniform == ["2-8-8", "3-3-8", "4-4-8"]
     assert args.budgets is None and frontier.budgets(args, 3) == ["10x", "13x", "10x:3", "=2-2-8:3", "10x:student",
-                                                                  "=4-4-8"]
+                                                                  "=2-8-8", "=4-4-8"]
     assert args.budget_bits == "8-8-8,positions=8"
     assert frontier.budgets(frontier.arguments().parse_args(["--uniform", "3-3-8"]), 3)[-1] == "10x:student"
+    assert frontier.budgets(frontier.arguments().parse_args(["--uniform", "4-4-8"]), 3)[-1] == "=4-4-8"
     assert frontier.arguments().parse_args(["--budgets", "15,10x:2,10x:student,=8-8-8,=2-2-8:2"]).budgets == [
         "15", "10x:2", "10x:student", "=8-8-8", "=2-2-8:2"]
     assert [frontier.budget_folder(t) for t in ("15", "10x:2", "10x:student", "=4-4-8", "=2-2-8:3")] == \
@@ -263,6 +266,34 @@ def test_frontier_task_is_checked_and_brings_its_defaults(monkeypatch, capsys):
     with pytest.raises(SystemExit) as refused:
         frontier.arguments().parse_args(["--pair", "en-fr"])
     assert refused.value.code == 2 and "--pair" in capsys.readouterr().err
+
+
+def test_forms_are_made_in_the_verdicts_order_and_equal_budgets_pin_as_their_uniform_form(monkeypatch):
+    frontier = frontier_module(monkeypatch)
+    uniform = ["2-8-8", "3-3-8", "4-4-8"]
+    jobs = [("budget-10x", None, "10x", None), ("budget-as-448", None, "=4-4-8", None),
+            ("budget-as-288", None, "=2-8-8", None), ("budget-10x-student", None, "10x:student", 3),
+            ("budget-as-228-d3", None, "=2-2-8:3", 3), ("budget-10x-d3", None, "10x:3", 3),
+            ("budget-as-888", None, "=8-8-8", None), ("888-6-6", "8-8-8", None, None), ("228-6-6", "2-2-8", None, None),
+            ("228-6-3", "2-2-8", None, 3), ("288-all", "2-8-8", None, None), ("338-all", "3-3-8", None, None),
+            ("448-all", "4-4-8", None, None), ("budget-as-228", None, "=2-2-8", None)]
+    made = [job[0] for job in sorted(jobs, key=lambda job: frontier.made_in_order(job, uniform))]
+    # the fewer-layer forms (2-2-8, its budgets, its equal budget), the student's, then every layer: 2-2-8 and its
+    # equal budget, each uniform form with its own right after it, the other budgets, 8-8-8 and its equal last
+    assert made == ["228-6-3", "budget-10x-d3", "budget-as-228-d3", "budget-10x-student", "228-6-6", "budget-as-228",
+                    "288-all", "budget-as-288", "338-all", "448-all", "budget-as-448", "budget-10x", "888-6-6",
+                    "budget-as-888"]
+    # --uniform's order is the order its forms are made in
+    assert sorted(["338-all", "288-all"], key=lambda f: frontier.made_in_order((f, f"{f[0]}-{f[1]}-8", None, None),
+                                                                                ["3-3-8", "2-8-8"])) == \
+        ["338-all", "288-all"]
+    # an equal budget of a uniform form wider than 2-2-8 leaves its position tables float, as that form does: only
+    # the allocation differs; 2-2-8's keeps the pin (the one thing to allocate) and so does every other budget
+    pinned = "8-8-8,positions=8"
+    assert [frontier.bits_for(pinned, t) for t in ("=2-8-8", "=4-4-8", "=2-2-8:3", "=2-2-8", "10x", "10x:student")] == \
+        ["8-8-8", "8-8-8", pinned, pinned, pinned, pinned]
+    assert frontier.bits_for("8-8-8,encoder.positions=8,lm_head=8", "=4-4-8") == "8-8-8,lm_head=8"
+    assert frontier.bits_for("8-8-8", "=4-4-8") == "8-8-8"
 
 
 def test_a_rerun_keeps_when_a_form_was_scored(tmp_path, monkeypatch):
