@@ -22,7 +22,10 @@
 #                steps (6-3: 4,000) of 12,288 tokens, BLEU on 300 held-out rows every EVERY=200 steps, the best
 #                kept, the same early stopping; validation and eval generate 64 documents a batch
 #   SCALE=paper  the paper's schedule for the quantized models: 10 epochs (6-3: 20), batch 128, lr 3e-5
-# Knobs: PAIR, CLIP, STEPS, TEACHER_STEPS, TEACHER_EVERY, EVERY (gpu), VALID_DOCS (1000), STAGES, LAUNCH,
+#   PATIENCE=N   (small) stops the teacher after N validations (every 500 steps) without a better BLEU:
+#                TEACHER_STEPS=6000 PATIENCE=3 trains it until held-out BLEU stops rising (issue 55 measures its
+#                10x form against a teacher that is done)
+# Knobs: PAIR, CLIP, STEPS, TEACHER_STEPS, PATIENCE, TEACHER_EVERY, EVERY (gpu), VALID_DOCS (1000), STAGES, LAUNCH,
 # JOBS/THREADS (recipes/lib/jobs.sh).
 # Interrupted? Run it again: every step passes --resume.
 set -euo pipefail
@@ -40,7 +43,8 @@ dq=$out/dq-bart
 dev=$dq/dev.jsonl  # the validation rows after the scored ones: checkpoints are chosen on these
 select=(--validation "$dev" --metric bleu --num-beams 4 --max-length 128)
 case $scale in
-  small) tsteps=(--max-steps "${TEACHER_STEPS:-3000}") ttokens=4096 tevery=500 batch=()
+  small) tsteps=(--max-steps "${TEACHER_STEPS:-3000}" ${PATIENCE:+--early-stopping "$PATIENCE"}) ttokens=4096
+         tevery=500 batch=()
          steps=${STEPS:-600} every=(--lr 1e-4 --warmup-ratio 0.05 --max-tokens 4096 --save-every 100)
          same=(--max-steps "$steps" "${every[@]}") fewer=(--max-steps $((2 * steps)) "${every[@]}") ;;
   gpu)   tsteps=(--max-steps "${TEACHER_STEPS:-4000}" --early-stopping 3) ttokens=16384
