@@ -229,10 +229,15 @@ def made_in_order(job: tuple, uniform: list[str]) -> tuple:
     same = equal_to(text) if text else None
     if layers is not None:
         rank = 0.0 if bits == "2-2-8" else 2.0 if same else 1.0
-    else:
+    else:  # an equal budget of bits that no uniform form here has was refused before (make_quantized)
         of = bits or same
-        rank = (0.0 if of == "2-2-8" else 2000.0 if of == "8-8-8" else 1000.0 if of is None
-                else 1.0 + uniform.index(of) if of in uniform else 1000.0) + (0.5 if same else 0.0)
+        if of is None:
+            rank = 1000.0
+        elif of in ("2-2-8", "8-8-8"):
+            rank = 0.0 if of == "2-2-8" else 2000.0
+        else:
+            rank = 1.0 + uniform.index(of)
+        rank += 0.5 if same else 0.0
     return (layers is None, text is not None and of_student(text), rank)
 
 
