@@ -161,10 +161,10 @@ def make_student(args: argparse.Namespace, train: Path, fewer: int, log) -> Path
 def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: list[tuple], log):
     """The distillation-aware quantize forms (taken from --reuse where it has them) and the --budgets forms, each
     yielded as (folder name, artifact) as soon as it is made, in the order issue 55's verdicts need them
-    (made_in_order): the fewer-layer forms first (its >= 5x faster form can only be one of them), each budget form
-    right after the uniform 2-2-8 of its depth, then a budget form of the student (the student is made for it, and
-    yielded as ("student", folder) first), then the forms of every layer, each equal budget right after its
-    uniform form, 8-8-8 last."""
+    (made_in_order): the fewer-layer forms first (summarization's >= 5x faster form can only be one of them), each
+    budget form right after the uniform 2-2-8 of its depth, then a budget form of the student (the student is made
+    for it, and yielded as ("student", folder) first), then the forms of every layer, each equal budget right after
+    its uniform form, 8-8-8 last; translation makes every layer first (Task.budgets_first)."""
     from modelshrink.quant.model import WEIGHTS_NAME
     from modelshrink.steps.quantize import QuantizeOptions, quantize
 
@@ -188,7 +188,7 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
 
     student = None
     made: dict[str, Path] = {}  # uniform folder -> its artifact (a budget form of its size reads it)
-    for folder, bits, text, layers in sorted(jobs, key=lambda job: made_in_order(job, args.uniform)):
+    for folder, bits, text, layers in sorted(jobs, key=lambda job: made_in_order(job, args.uniform, task.budgets_first)):
         steps = args.quantize_steps * (task.fewer_steps if layers else 1)  # a budget form: as the uniform of its depth
         if text is None:
             reused = Path(args.reuse) / folder if args.reuse else None
@@ -220,11 +220,13 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
                                                    **{**common, **model}), args.work / folder, resume=True, log=log)
 
 
-def made_in_order(job: tuple, uniform: list[str]) -> tuple:
+def made_in_order(job: tuple, uniform: list[str], budgets_first: bool = False) -> tuple:
     """The sort key of a quantize job (folder, uniform bits or None, budget text or None, decoder layers): the
     fewer-layer forms first (2-2-8, its other budgets, its equal budget), then the student's budget form, then every
     layer: 2-2-8, each --uniform form with its equal budget right after it, the other budgets, 8-8-8 (and its equal
-    budget) last. Jobs of one rank keep their order (sorted() is stable: --budgets' order)."""
+    budget) last. `budgets_first` (the task row's) makes every layer first, its budgets (10x, 13x) right after
+    2-2-8, then the fewer-layer forms and the student's. Jobs of one rank keep their order (sorted() is stable:
+    --budgets' order)."""
     _, bits, text, layers = job
     same = equal_to(text) if text else None
     if layers is not None:
@@ -232,13 +234,13 @@ def made_in_order(job: tuple, uniform: list[str]) -> tuple:
     else:  # an equal budget of bits that no uniform form here has was refused before (make_quantized)
         of = bits or same
         if of is None:
-            rank = 1000.0
+            rank = 0.25 if budgets_first else 1000.0
         elif of in ("2-2-8", "8-8-8"):
             rank = 0.0 if of == "2-2-8" else 2000.0
         else:
             rank = 1.0 + uniform.index(of)
         rank += 0.5 if same else 0.0
-    return (layers is None, text is not None and of_student(text), rank)
+    return ((layers is None) != budgets_first, text is not None and of_student(text), rank)
 
 
 def artifact_budget(args: argparse.Namespace, export_mb: float, folder: Path, layers: int | None, log) -> float:

@@ -283,6 +283,13 @@ def test_forms_are_made_in_the_verdicts_order_and_equal_budgets_pin_as_their_uni
     assert made == ["228-6-3", "budget-10x-d3", "budget-as-228-d3", "budget-10x-student", "228-6-6", "budget-as-228",
                     "288-all", "budget-as-288", "338-all", "448-all", "budget-as-448", "budget-10x", "888-6-6",
                     "budget-as-888"]
+    # translation (budgets_first): every layer first, its budgets right after the 2-2-8 they are measured against,
+    # then the fewer-layer forms and the student's; its task row says so
+    made = [job[0] for job in sorted(jobs, key=lambda job: frontier.made_in_order(job, uniform, budgets_first=True))]
+    assert made == ["228-6-6", "budget-10x", "budget-as-228", "288-all", "budget-as-288", "338-all", "448-all",
+                    "budget-as-448", "888-6-6", "budget-as-888", "228-6-3", "budget-10x-d3", "budget-as-228-d3",
+                    "budget-10x-student"]
+    assert frontier.TASKS["translation"].budgets_first and not frontier.TASKS["summarization"].budgets_first
     # --uniform's order is the order its forms are made in
     assert sorted(["338-all", "288-all"], key=lambda f: frontier.made_in_order((f, f"{f[0]}-{f[1]}-8", None, None),
                                                                                 ["3-3-8", "2-8-8"])) == \
