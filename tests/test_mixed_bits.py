@@ -140,6 +140,34 @@ def test_a_table_of_each_stack_takes_its_own_bits_and_embeddings_sets_both(tmp_p
     assert format_of(parse_bits("4-4-8,embeddings=2,decoder.0=8")) == 2 and format_of(parse_bits("4-4-8")) == 1
 
 
+def test_a_marian_with_a_vocabulary_per_side_has_a_table_group_per_stack(tmp_path):
+    """A Marian without shared embeddings keeps its decoder's table under `model.model.decoder` (no `.decoder` on
+    the outer model, as bert2bert has): it is `decoder.embeddings`, with the LM head tied to it, and quantized
+    like the head, so what trains is what is stored (the decoder once looked its tokens up in the float latent
+    table and a reloaded artifact computed other logits)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    torch.manual_seed(0)
+    model = MarianMTModel(MarianConfig(
+        vocab_size=60, decoder_vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+        max_position_embeddings=20, pad_token_id=0, decoder_start_token_id=0, share_encoder_decoder_embeddings=False))
+    tables = {g.name: sorted(name for name, _ in modules) for g, modules in weight_groups(model).items()
+              if g.kind == "embeddings"}
+    assert tables == {"encoder.embeddings": ["model.encoder.embed_tokens"],
+                      "decoder.embeddings": ["lm_head", "model.decoder.embed_tokens"]}
+    spec = parse_bits("2-4-8,decoder.embeddings=8")
+    quantize_model(model, spec)
+    widths = {name: bits for name, (_, bits, _) in latent_weights(model).items()}
+    assert widths["model.encoder.embed_tokens.weight"] == 4 and widths["model.decoder.embed_tokens.weight"] == 8
+    save_quantized(model, None, tmp_path / "q", spec)
+    reloaded = load_quantized(tmp_path / "q")
+    ids = torch.tensor([[3, 4, 5, 1]])
+    with torch.no_grad():
+        expected = model.eval()(input_ids=ids, decoder_input_ids=ids[:, :3]).logits
+        assert torch.equal(reloaded.eval()(input_ids=ids, decoder_input_ids=ids[:, :3]).logits, expected)
+
+
 def test_position_tables_are_float_unless_a_rule_quantizes_them(saved_models, tmp_path):
     """`positions=8` stores learned position tables as 8-bit codes a row (a quarter of their float bytes), per stack
     where each has one; a format-3 artifact that reloads exactly. Uniform bits leave them float, as DQ-BART does."""

@@ -37,9 +37,12 @@ def weight_of(module: nn.Module) -> Any:
 def word_embeddings(model: nn.Module) -> list[nn.Embedding]:
     """Every embedding module that holds word (token) embeddings, tied copies included."""
     weights = {id(weight_of(model.get_input_embeddings()))}
-    decoder = getattr(model, "decoder", None)
-    if decoder is not None and hasattr(decoder, "get_input_embeddings") and decoder.get_input_embeddings() is not None:
-        weights.add(id(weight_of(decoder.get_input_embeddings())))
+    # the decoder's own table where it has one: bert2bert's `model.decoder`, a Marian without shared embeddings'
+    # `model.model.decoder` (get_decoder finds both; for BART or T5 it is the shared table again)
+    decoder = model.get_decoder() if getattr(model.config, "is_encoder_decoder", False) else None
+    table = decoder.get_input_embeddings() if hasattr(decoder, "get_input_embeddings") else None
+    if table is not None:
+        weights.add(id(weight_of(table)))
     return [m for m in model.modules() if isinstance(m, nn.Embedding) and id(weight_of(m)) in weights]
 
 
