@@ -18,7 +18,7 @@ from conftest import DOCUMENTS, SUMMARIES, build, translator, write_jsonl
 from modelshrink.artifacts import read_manifest
 from modelshrink.cli import app
 from modelshrink.errors import UserError
-from modelshrink.quant.budget import PLAN_NAME, allocate
+from modelshrink.quant.budget import PLAN_NAME, Plan, allocate
 from modelshrink.quant.groups import weight_groups
 from modelshrink.quant.model import WEIGHTS_NAME, format_of, load_quantized, predicted_bytes, save_quantized
 from modelshrink.quant.modules import latent_weights, per_tensor_widths, quantize_model
@@ -475,3 +475,25 @@ def test_the_budget_recipe_is_a_valid_config(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     options, = seen
     assert options.budget_mb == 20.0 and options.spec.rules == (("embeddings", 8),) and options.epochs == 3
+
+
+def test_a_plan_replays_each_groups_bits_when_one_name_selects_another():
+    """A bert2bert whose encoder and decoder widths differ has a linear outside both stacks (enc_to_dec_proj,
+    group `other`); the selector `other` also selects `decoder.other` (its LM transform), so the plan's rules put
+    the broader name first and every group replays the bits the plan gave it (the config's `groups` once recorded
+    decoder.other at `other`'s bits)."""
+    from transformers import BertConfig, EncoderDecoderConfig, EncoderDecoderModel
+
+    shape = dict(vocab_size=50, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                 max_position_embeddings=20)
+    model = EncoderDecoderModel(EncoderDecoderConfig.from_encoder_decoder_configs(
+        BertConfig(hidden_size=32, **shape), BertConfig(hidden_size=16, is_decoder=True, add_cross_attention=True,
+                                                        **shape)))
+    groups = list(weight_groups(model))
+    assert {"other", "decoder.other"} <= {g.name for g in groups}
+    for planned in itertools.product((2, 8), repeat=2):
+        bits = {g.name: 4 for g in groups} | dict(zip(("other", "decoder.other"), planned))
+        plan = Plan(budget_bytes=1, predicted_bytes=1, smallest_bytes=1, candidates=[2, 4, 8], calibration_examples=1,
+                    baseline_loss=0.0, seconds=0.0, groups={name: {"bits": b} for name, b in bits.items()})
+        spec = parse_bits("8-8-8").with_rules(plan.rules)
+        assert {g.name: spec.bits_of(g) for g in groups} == bits

@@ -57,8 +57,14 @@ class Plan:
 
     @property
     def rules(self) -> tuple[tuple[str, int], ...]:
-        """One rule per group: the plan as `--bits` rules, replayed exactly by `QuantSpec.bits_of`."""
-        return tuple((name, int(info["bits"])) for name, info in self.groups.items())
+        """One rule per group: the plan as `--bits` rules, replayed exactly by `QuantSpec.bits_of` (the last rule
+        that selects a group wins, so the broader names come first: `other`, the linears outside both stacks such
+        as bert2bert's enc_to_dec_proj, also selects `decoder.other`, whose own rule must follow it)."""
+        def fields(name: str) -> int:
+            selector = Selector.parse(name)
+            return sum(part is not None for part in (selector.stack, selector.layer, selector.kind))
+
+        return tuple((name, int(self.groups[name]["bits"])) for name in sorted(self.groups, key=fields))
 
     def save(self, folder: Path) -> None:
         (Path(folder) / PLAN_NAME).write_text(json.dumps(asdict(self), indent=2) + "\n")
