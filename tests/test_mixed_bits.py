@@ -57,6 +57,9 @@ def test_rules_parse_and_the_last_rule_that_selects_a_group_wins():
     ("2-2-8,decoder.1.embeddings=4", "or decoder.embeddings=BITS for the decoder's own table"),
     ("2-2-8,mlp=4", "a selector is [encoder|decoder][.LAYER][.KIND]"),
     ("2-2-8,decoder.ffn.x=4", "a selector is"),
+    ("2-2-8,decoder.ffn=\u00b2", "is not a rule"),  # a superscript two is a digit to isdigit(), not to int()
+    ("2-\u00b2-8", "--bits takes W-E-A"),
+    ("2-2-8,decoder.\u00b9.ffn=4", "a selector is"),
 ])
 def test_bad_rules_are_one_line(bits, message):
     with pytest.raises(UserError) as error:
@@ -364,6 +367,25 @@ def test_a_budget_plans_measures_and_never_exceeds(saved_models, tmp_path):
     assert more["predicted_bytes"] > written and sum(more["bits"].values()) >= sum(plan["bits"].values())
 
 
+
+def test_a_budget_holds_when_the_header_grows_more_than_its_slack(saved_models, tmp_path, monkeypatch):
+    """The file's header grows with the data (offsets gain digits); where it grows by more than the allocation's
+    slack, the bits are allocated again under that much less, so the plan still fits and keeps a mix."""
+    from modelshrink.quant import budget
+
+    real, sizes = budget.predicted_bytes, []
+
+    def bigger_header(model):  # 1,500 bytes more whenever any group is above the narrowest bits
+        sizes.append(real(model))
+        return sizes[-1] + (1500 if sizes[-1] > min(sizes) else 0)
+
+    monkeypatch.setattr(budget, "predicted_bytes", bigger_header)
+    options = QuantizeOptions(model=str(saved_models["bart"]), data=str(_pairs(tmp_path)), device="cpu", max_steps=0,
+                              batch_size=4, calibration_examples=8, budget_mb=0.065)
+    plan = read_manifest(quantize(options, tmp_path / "b"))["metrics"]["bit_plan"]
+    assert plan["predicted_bytes"] <= 65_000 and len(set(plan["bits"].values())) > 1
+    assert max(sizes) + 1500 > 65_000  # the first allocation's header did go over: the budget was allocated again
+
 def test_a_budget_for_a_classifier_and_for_direct_quantization(classifier_path, saved_models, tmp_path):
     rows = [{"text": d, "label": i % 2} for i, d in enumerate(DOCUMENTS)]
     data = write_jsonl(tmp_path / "labels.jsonl", rows)
@@ -411,6 +433,8 @@ def test_a_resumed_budget_run_reads_its_plan_back(saved_models, tmp_path):
     (["--budget-mb", "0"], "--budget-mb must be > 0"),
     (["--budget-mb", "0.07", "--candidate-bits", "4"], "--candidate-bits takes two or more widths"),
     (["--candidate-bits", "2,4"], "--candidate-bits goes with --budget-mb"),
+    (["--budget-mb", "0.07", "--bits", "8-8-8,encoder=4,decoder=2,embeddings=8"],
+     "pins every weight group, so --budget-mb has nothing to choose: drop --budget-mb (the pins alone store 0.0"),
 ])
 def test_bad_budgets_are_one_line(saved_models, tmp_path, args, message):
     pairs = _pairs(tmp_path)

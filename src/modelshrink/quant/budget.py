@@ -80,7 +80,8 @@ class Plan:
                  f"(smallest possible {self.smallest_bytes / MB:.3f} MB); sensitivity = loss increase at "
                  + "/".join(f"{c}" for c in narrow) + f" bits over {self.calibration_examples} calibration examples "
                  f"(baseline loss {self.baseline_loss:.4f}, {self.seconds:.1f} s)",
-                 f"  {'group':<28} {'bits':>4} {'params':>10} {'bytes':>10}  sensitivity"]
+                 f"  {'group':<28} {'bits':>4} {'params':>10} {'bytes':>10}  sensitivity   (bytes: the packed codes; "
+                 "scales, float tensors and the file's header make the rest of the size)"]
         for name, info in self.groups.items():
             sens = "pinned" if info["pinned"] else " ".join(f"{info['sensitivity'][str(c)]:+.4f}" for c in narrow)
             lines.append(f"  {name:<28} {info['bits']:>4} {info['parameters']:>10,} {info['bytes']:>10,}  {sens}")
@@ -180,6 +181,9 @@ def smallest_bytes(model: nn.Module, spec: QuantSpec, budget_bytes: int, candida
     """The size with every group not pinned by a rule at the narrowest candidate, which the model is left at; a
     UserError, saying that size, where the budget is below it."""
     free, pinned = _free_groups(model, spec)
+    if not free:
+        raise UserError(f"--bits {spec.label} pins every weight group, so --budget-mb has nothing to choose: drop "
+                        f"--budget-mb (the pins alone store {predicted_bytes(model) / MB:.3f} MB) or pin fewer groups")
     low = min(candidates)
     for group in free.values():
         _set_bits(group, low)
@@ -205,16 +209,19 @@ def plan_bits(model: nn.Module, spec: QuantSpec, budget_bytes: int, candidates: 
     baseline, sensitivity = measure(model, free, candidates, batches, teacher_out, loss, progress)
     seconds = time.perf_counter() - start
     extra = {g: {c: group_bytes(m, c) - group_bytes(m, low) for c in candidates} for g, m in free.items()}
-    slack = 64  # the header's offsets grow by a few digits with the data
-    chosen = allocate(extra, sensitivity, max(0, budget_bytes - smallest - slack))
-    for group, bits in chosen.items():
-        _set_bits(free[group], bits)
-    predicted = predicted_bytes(model)
-    while predicted > budget_bytes:  # the rounding above makes this unreachable; kept as the guarantee
-        group = min((g for g in chosen if chosen[g] > low), key=lambda g: (sensitivity[g][low] - sensitivity[g][chosen[g]]))
-        chosen[group] = low
-        _set_bits(free[group], low)
+    # the file's header (tensor names, shapes, offsets) grows by a few digits with the data: allocate under the
+    # budget less a slack, and where the header grew by more, again under that much less (at a capacity of 0
+    # every free group is at the narrowest bits: the smallest size, which is within the budget)
+    slack = 64
+    while True:
+        capacity = max(0, budget_bytes - smallest - slack)
+        chosen = allocate(extra, sensitivity, capacity)
+        for group, bits in chosen.items():
+            _set_bits(free[group], bits)
         predicted = predicted_bytes(model)
+        if predicted <= budget_bytes or capacity == 0:
+            break
+        slack += predicted - budget_bytes
     infos = {}
     for group, modules in groups.items():
         bits = chosen.get(group, spec.bits_of(group))

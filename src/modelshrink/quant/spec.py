@@ -76,7 +76,7 @@ class Selector:
         parts = text.strip().split(".")
         stack = parts.pop(0) if parts and parts[0] in STACKS else None
         layer = None
-        if parts and parts[0].isdigit():
+        if parts and parts[0].isdecimal():
             if stack is None:
                 raise UserError(f"--bits rule '{text}': a layer number follows a stack, as in decoder.{parts[0]}")
             layer = int(parts.pop(0))
@@ -144,7 +144,7 @@ class QuantSpec:
 
 def _parse_rule(text: str, whole: str) -> tuple[str, int]:
     selector, sep, value = text.partition("=")
-    if not sep or not value.strip().isdigit():
+    if not sep or not value.strip().isdecimal():
         raise UserError(f"--bits {whole}: '{text}' is not a rule; rules are SELECTOR=BITS, such as "
                         "cross_attention=8 or decoder.1.ffn=4")
     bits = int(value)
@@ -159,7 +159,7 @@ def parse_bits(text: str, allow_low_activation_bits: bool = False, granularity: 
     UserError for anything else."""
     head, *rule_texts = [p.strip() for p in str(text).split(",")]
     parts = head.split("-")
-    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+    if len(parts) != 3 or not all(p.strip().isdecimal() for p in parts):
         raise UserError(f"--bits takes W-E-A, three whole numbers such as 8-8-8 or 2-2-8 (then rules such as "
                         f",cross_attention=8 if you like); got '{text}'")
     w, e, a = (int(p) for p in parts)
