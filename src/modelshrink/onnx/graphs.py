@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from modelshrink.families import decoder_layer_count, hidden_size
+from modelshrink.onnx.positions import computed_positions
 from modelshrink.runtime.files import CLASSIFIER, DECODER, DECODER_WITH_PAST, ENCODER, SEARCH_OPS
 
 
@@ -116,6 +117,13 @@ def sample_decoder_ids(batch: int, length: int, vocab: int, start: int, seed: in
 
 
 def export_seq2seq(model: torch.nn.Module, folder: Path, enc: dict[str, torch.Tensor], opset: int) -> list[str]:
+    with computed_positions(model):  # sinusoidal tables as a few ops, not a stored table in each graph
+        _trace_seq2seq(model, folder, enc, opset)
+    write_search_ops(folder, opset)
+    return [ENCODER, DECODER, DECODER_WITH_PAST]
+
+
+def _trace_seq2seq(model: torch.nn.Module, folder: Path, enc: dict[str, torch.Tensor], opset: int) -> None:
     layers = decoder_layer_count(model.config)
     vocab = model.get_output_embeddings().weight.shape[0]
     start = model.generation_config.decoder_start_token_id or 0
@@ -145,8 +153,6 @@ def export_seq2seq(model: torch.nn.Module, folder: Path, enc: dict[str, torch.Te
     _trace(DecoderGraph(model, layers, with_past=True), (dec_ids[:, -1:], enc["attention_mask"], *past),
             folder / DECODER_WITH_PAST, ["input_ids", "encoder_attention_mask", *past_names], ["logits", *new_names],
             axes, opset)
-    write_search_ops(folder, opset)
-    return [ENCODER, DECODER, DECODER_WITH_PAST]
 
 
 class ClassifierGraph(torch.nn.Module):
