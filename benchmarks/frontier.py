@@ -14,8 +14,8 @@ finished one):
   8-8-8, 2-2-8 (all layers) distillation-aware `quantize` of the teacher, exported (kernels measured by export);
   2-2-8, fewer layers       the same with D decoder layers; --reuse DIR takes them from recipes/dq-bart-debian.sh's
                             folder (888-6-6, 228-6-6, 228-6-3) instead of training them
-  --uniform (2-8-8, 3-3-8,  more uniform bits, all layers, the same steps (issue 55; translation: 3-3-8, 4-4-8)
-   4-4-8)
+  --uniform (2-8-8, 4-4-8,  more uniform bits, all layers, the same steps (issue 55; translation: 4-4-8, 3-3-8)
+   3-3-8)
   --budgets (10x, 13x,      `quantize --budget-mb`: each layer group's bits chosen from measured sensitivity under a
    10x:D, =2-2-8:D,         budget (MB, or Nx: the teacher's float32 weights over N; `:D` with D decoder layers, as
    10x:student, =2-8-8,     the fewer-layer 2-2-8, which is what a 5x batch-1 speed-up needs), the same steps. The
@@ -165,6 +165,7 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
     budget form right after the uniform 2-2-8 of its depth, then a budget form of the student (the student is made
     for it, and yielded as ("student", folder) first), then the forms of every layer, each equal budget right after
     its uniform form, 8-8-8 last; translation makes every layer first (Task.budgets_first)."""
+    from modelshrink.quant.budget import BudgetTooSmall
     from modelshrink.quant.model import WEIGHTS_NAME
     from modelshrink.steps.quantize import QuantizeOptions, quantize
 
@@ -215,9 +216,14 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
                 model = dict(model=str(student), teacher=str(teacher))
             bits = budget_bits(args, args.work / folder, log, text)
             log(f"distillation-aware under a {mb:.2f} MB budget ({text}; {steps} steps)")
-            yield folder, quantize(QuantizeOptions(bits=bits, budget_mb=mb,
-                                                   calibration_examples=args.calibration_examples, max_steps=steps,
-                                                   **{**common, **model}), args.work / folder, resume=True, log=log)
+            try:
+                made_form = quantize(QuantizeOptions(bits=bits, budget_mb=mb,
+                                                     calibration_examples=args.calibration_examples, max_steps=steps,
+                                                     **{**common, **model}), args.work / folder, resume=True, log=log)
+            except BudgetTooSmall as e:  # out of reach for this teacher: said, and the run goes on to the next form
+                log(f"budget {text} skipped: {e}")
+                continue
+            yield folder, made_form
 
 
 def made_in_order(job: tuple, uniform: list[str], budgets_first: bool = False) -> tuple:
@@ -413,7 +419,7 @@ def make_forms(args: argparse.Namespace, train: Path, log, ready=None) -> dict[s
         add(name, onnx(model, export_name))
     if students[0][0] not in forms:
         add_student(Path(args.student) if args.student else make_student(args, train, fewer, log))
-    return {name: forms[name] for name in table}
+    return {name: forms[name] for name in table if name in forms}  # a budget out of reach is not made
 
 
 def scored(args: argparse.Namespace, model: Path, validation: Path, out: Path, log, against: Path | None = None
@@ -742,8 +748,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--student", help="a student to reuse instead of distilling one")
     parser.add_argument("--uniform", type=lambda t: [b for b in t.split(",") if b],
                         help="more uniform W-E-A forms, all layers, comma-separated ('' for none), each made with its "
-                        "equal budget (=W-E-A, in the default --budgets) right after it [default: 2-8-8,3-3-8,4-4-8; "
-                        "translation: 3-3-8,4-4-8]")
+                        "equal budget (=W-E-A, in the default --budgets) right after it [default: 2-8-8,4-4-8,3-3-8; "
+                        "translation: 4-4-8,3-3-8; 3-3-8 last, as its 3-bit codes are stored in 4 bits]")
     parser.add_argument("--budgets", type=budget_list,
                         help="budget forms, comma-separated: MB, or Nx (the teacher's float32 weights over N), each "
                         "with :D for D decoder layers or :student for the distilled student ('' for none) "

@@ -155,12 +155,14 @@ def test_frontier_tiny_translation_scores_every_form_by_bleu(tmp_path, monkeypat
     # translation (sacreBLEU's BLEU with its interval, chrF) with the translation recipe's search
     frontier = frontier_module(monkeypatch)
     work = tmp_path / "frontier-mt"
-    # with a budget the size of uniform 8-8-8 (made right after it, compared with it)
-    stdout = run_main(frontier, monkeypatch, capsys, ["--task", "translation", *SMALL[:-3], "4x,=8-8-8", *SMALL[-2:],
-                                                      "--work", str(work)])
+    # with a budget the size of uniform 8-8-8 (made right after it, compared with it), and one below the smallest
+    # size the teacher can take (skipped with a line saying so: the run goes on)
+    stdout = run_main(frontier, monkeypatch, capsys, ["--task", "translation", *SMALL[:-3], "4x,=8-8-8,1000x",
+                                                      *SMALL[-2:], "--work", str(work)])
     report = json.loads((work / "frontier.json").read_text())
     forms, results = report["forms"], report["results"]
     assert report["task"] == "translation" and list(forms) == [*FORMS, EQUAL_BUDGET]
+    assert not (work / "budget-1000x" / "modelshrink.json").is_file()
     progress = list(json.loads((work / "progress.json").read_text()))
     assert progress.index(EQUAL_BUDGET) == progress.index("8-8-8 distillation-aware, ONNX") + 1
     for name, got in results.items():
@@ -225,7 +227,7 @@ def test_frontier_task_is_checked_and_brings_its_defaults(monkeypatch, capsys):
     # its Marian-shaped teacher's positions are sinusoids (not stored): no budget quantizes them, so no equal budget
     # of the fewer-layer 2-2-8 (nothing would be left to allocate)
     assert args.budget_bits == "8-8-8" and frontier.budgets(args, 3) == ["10x", "13x", "10x:3", "10x:student", "=4-4-8"]
-    assert args.uniform == ["3-3-8", "4-4-8"]  # its one 8,000-row table is a sixth of the teacher: no 2-8-8
+    assert args.uniform == ["4-4-8", "3-3-8"]  # its one 8,000-row table is a sixth of the teacher: no 2-8-8
     # what the command line gives wins, wherever it stands
     args = frontier.arguments().parse_args(["--quantize-steps", "5", "--task", "translation", "--figure", "f.png"])
     assert args.quantize_steps == 5 and args.figure == Path("f.png") and args.max_tokens == 4096
@@ -236,7 +238,7 @@ def test_frontier_task_is_checked_and_brings_its_defaults(monkeypatch, capsys):
     assert args.teacher == "runs/repro/teacher" and args.figure.name == "frontier.png"
     # the budgets: 10x and 13x with every layer, 10x with the fewer decoder layers; MB or Nx, :D for depth
     # and one the size of uniform 2-8-8 and of 4-4-8 (equal budgets), where --uniform makes them
-    assert args.uniform == ["2-8-8", "3-3-8", "4-4-8"]
+    assert args.uniform == ["2-8-8", "4-4-8", "3-3-8"]  # 3-3-8 is 4-4-8's size (3-bit codes in 4 bits): last
     assert args.budgets is None and frontier.budgets(args, 3) == ["10x", "13x", "10x:3", "=2-2-8:3", "10x:student",
                                                                   "=2-8-8", "=4-4-8"]
     assert args.budget_bits == "8-8-8,positions=8"

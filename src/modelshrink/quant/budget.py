@@ -42,6 +42,14 @@ UNITS = 20_000  # steps of the knapsack over the budget
 MB = 1_000_000
 
 
+class BudgetTooSmall(UserError):
+    """A budget below the smallest size the model can be stored at (the message says that size)."""
+
+    def __init__(self, message: str, smallest_bytes: int):
+        super().__init__(message)
+        self.smallest_bytes = smallest_bytes
+
+
 @dataclass
 class Plan:
     """The bits of every group, why, and the size they make."""
@@ -190,9 +198,9 @@ def smallest_bytes(model: nn.Module, spec: QuantSpec, budget_bytes: int, candida
     smallest = predicted_bytes(model)
     if smallest > budget_bytes:
         pins = f" and {len(pinned)} pinned group(s) at their --bits" if pinned else ""
-        raise UserError(f"--budget-mb {budget_bytes / MB:g} is below the smallest this model can be stored: "
-                        f"{smallest / MB:.3f} MB, every weight at {low} bits{pins}; raise the budget, or shrink the "
-                        "model too (--encoder-layers/--decoder-layers)")
+        raise BudgetTooSmall(f"--budget-mb {budget_bytes / MB:g} is below the smallest this model can be stored: "
+                             f"{smallest / MB:.3f} MB, every weight at {low} bits{pins}; raise the budget, or shrink "
+                             "the model too (--encoder-layers/--decoder-layers)", smallest)
     return smallest
 
 
