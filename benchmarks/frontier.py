@@ -825,8 +825,10 @@ def report(args: argparse.Namespace, results: dict[str, dict], budgets: list[dic
         f"Each exported form against the PyTorch model it was exported from, on the same {task.rows}:", "",
         *pytorch_table(results, task),
         *(["", "Each budget form against the uniform-bits form of its depth nearest its size (sizes: the quantize "
-           "artifacts, "
-           f"which the budget bounds; same steps and data), paired permutation test on the same {task.rows}:", "",
+           "artifacts; the budget bounds "
+           + ("the export (an artifact's budget: the export's less the graph it adds)" if args.budget_of == "export"
+              else "the artifact")
+           + f"; same steps and data), paired permutation test on the same {task.rows}:", "",
            *budget_table(budgets, task)] if budgets else [])])
 
 
