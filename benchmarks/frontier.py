@@ -21,10 +21,11 @@ finished one):
    10x:student, =2-8-8,     the fewer-layer 2-2-8, which is what a 5x batch-1 speed-up needs), the same steps. The
    =4-4-8)
                             budget bounds the export, what is deployed and measured (--budget-of export):
-                            `quantize`'s budget (its artifact) is it less the graph the export adds, measured on the
-                            uniform 2-2-8 export of the same depth (export MB less its artifact's, 0.46 MB at
-                            MiniLM's size; a tiny model is mostly graph: --budget-of artifact bounds the artifact
-                            alone); each is
+                            `quantize --budget-of export`'s budget is it less the graph the export adds, measured
+                            on the uniform 2-2-8 export of the same depth (export MB less its artifact's, 0.46 MB at
+                            MiniLM's size, and less the second copy of a table the encoder and decoder share, which
+                            quantize counts itself at the bits it gives it; a tiny model is mostly graph:
+                            --budget-of artifact bounds the artifact alone); each is
                             also compared with the uniform form of its depth nearest its size (paired permutation
                             test, `eval --compare`). `=W-E-A` (=4-4-8) is a budget of that uniform form's
                             artifact size, byte for byte, made after it and compared with it: the allocation
@@ -217,7 +218,8 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
             bits = budget_bits(args, args.work / folder, log, text)
             log(f"distillation-aware under a {mb:.2f} MB budget ({text}; {steps} steps)")
             try:
-                made_form = quantize(QuantizeOptions(bits=bits, budget_mb=mb,
+                of = "artifact" if equal_to(text) or args.budget_of == "artifact" else "export"
+                made_form = quantize(QuantizeOptions(bits=bits, budget_mb=mb, budget_of=of,
                                                      calibration_examples=args.calibration_examples, max_steps=steps,
                                                      **{**common, **model}), args.work / folder, resume=True, log=log)
             except BudgetTooSmall as e:  # out of reach for this teacher: said, and the run goes on to the next form
@@ -250,25 +252,42 @@ def made_in_order(job: tuple, uniform: list[str], budgets_first: bool = False) -
 
 
 def artifact_budget(args: argparse.Namespace, export_mb: float, folder: Path, layers: int | None, log) -> float:
-    """`quantize --budget-mb` for an export of at most `export_mb`: less the graph the export adds to its artifact
-    (nodes, the unpacking's constants), measured on the uniform 2-2-8 export of the same depth (made first). A
-    finished budget form keeps the budget it was made with (--resume refuses another), said where it differs."""
+    """`quantize --budget-mb --budget-of export` for an export of at most `export_mb`: less the graph the export adds
+    to its artifact (nodes, the unpacking's constants; not the second copy of a shared table, which that budget
+    counts), measured on the uniform 2-2-8 export of the same depth (made first). A finished budget form keeps the
+    budget it was made with (--resume refuses another), said where it differs."""
     from modelshrink.artifacts import read_manifest
 
     uniform = args.work / ("onnx-228-fewer" if layers else "onnx-228")
     graph = 0.0
     if args.budget_of == "export" and (uniform / "modelshrink.json").is_file():
-        graph = weight_mb("onnx", uniform) - artifact_mb(uniform)
+        # what the export adds but the second copy of a shared table, which `quantize --budget-of export` counts
+        graph = weight_mb("onnx", uniform) - artifact_mb(uniform) - second_copy_mb(Path(args.teacher), 2)
     mb = export_mb - max(graph, 0.0)
     if args.budget_of == "export":
-        log(f"an export of at most {export_mb:.2f} MB: a {mb:.2f} MB artifact ({uniform.name} adds {graph:.3f} MB "
-            "of graph to its artifact)")
+        log(f"an export of at most {export_mb:.2f} MB: a {mb:.2f} MB budget of the export's weights "
+            f"(`quantize --budget-of export`; {uniform.name} adds {graph:.3f} MB of graph besides)")
     made = read_manifest(folder) if (folder / "modelshrink.json").is_file() else None
     if made is not None and abs(made["options"]["budget_mb"] - mb) > 1e-9:
         log(f"{folder.name} is finished under a {made['options']['budget_mb']:.2f} MB budget: kept (remove it to "
             f"make it under {mb:.2f})")
         return made["options"]["budget_mb"]
     return mb
+
+
+def second_copy_mb(teacher: Path, bits: int) -> float:
+    """MB of the second copy, at `bits`, of a table the teacher's export holds in two graphs (a word-embedding
+    table its encoder and decoder share; 0 where each has its own, as bert2bert's), made on the meta device."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    from modelshrink.models.loading import load_config
+    from modelshrink.quant.budget import copy_bytes, stored_twice
+    from modelshrink.quant.groups import weight_groups
+
+    with torch.device("meta"):
+        model = AutoModelForSeq2SeqLM.from_config(load_config(str(teacher), "teacher"))
+    return sum(copy_bytes(m, bits) for m in stored_twice(model, weight_groups(model)).values()) / 1e6
 
 
 def budget_bits(args: argparse.Namespace, folder: Path, log, text: str | None = None) -> str:

@@ -123,9 +123,12 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     # --budget-of export (the default): the artifact's budget is the export's less the graph the uniform 2-2-8 export
     # of that depth adds; a finished form keeps the budget it was made with
     said = []
-    exporting = frontier.arguments().parse_args([*SUMMARIZATION, "--work", str(work), "--budget-of", "export"])
+    exporting = frontier.arguments().parse_args([*SUMMARIZATION, "--work", str(work), "--budget-of", "export",
+                                                 "--teacher", str(work / "teacher")])
     graph = frontier.weight_mb("onnx", work / "onnx-228-fewer") - frontier.artifact_mb(work / "onnx-228-fewer")
     assert exporting.budget_of == "export" and 0 < graph < 0.5
+    graph -= frontier.second_copy_mb(work / "teacher", 2)  # BART's shared table: quantize counts its second copy
+    assert frontier.second_copy_mb(work / "teacher", 2) > 0
     assert frontier.artifact_budget(exporting, 5.0, work / "budget-9x-d1", 1, said.append) == pytest.approx(5.0 - graph)
     assert "onnx-228-fewer adds" in said[0]
     recorded = json.loads((work / "budget-4x-d1" / "modelshrink.json").read_text())["options"]["budget_mb"]
@@ -325,3 +328,24 @@ def test_a_rerun_keeps_when_a_form_was_scored(tmp_path, monkeypatch):
     scores["scores"] = {"rougeL": 41.0}
     ready("teacher", ("pytorch", tmp_path / "teacher"))
     assert when() == "2026-11-29 03:07"
+
+
+def test_an_export_budget_leaves_the_shared_tables_second_copy_to_quantize(tmp_path, monkeypatch):
+    """--budget-of export: the graph the uniform 2-2-8 export adds to its artifact holds a second copy of a table
+    the encoder and decoder share (at ternary); `quantize --budget-of export` counts that copy at the bits it
+    chooses, so the artifact budget subtracts only the rest of the graph, and the budget forms are made with it
+    (an equal budget stays a budget of the uniform form's artifact, byte for byte)."""
+    frontier = frontier_module(monkeypatch)
+    args = frontier.arguments().parse_args(["--work", str(tmp_path), "--teacher", str(tmp_path / "teacher")])
+    (tmp_path / "onnx-228").mkdir()
+    (tmp_path / "onnx-228" / "modelshrink.json").write_text("{}")
+    monkeypatch.setattr(frontier, "weight_mb", lambda kind, path: 3.872)
+    monkeypatch.setattr(frontier, "artifact_mb", lambda path: 3.047)
+    copies = {2: 0.4416, 4: 1.056}
+    monkeypatch.setattr(frontier, "second_copy_mb", lambda teacher, bits: copies[bits])
+    lines = []
+    mb = frontier.artifact_budget(args, 5.249, tmp_path / "budget-10x", None, lines.append)
+    assert mb == pytest.approx(5.249 - (3.872 - 3.047 - 0.4416))
+    assert "--budget-of export" in lines[0]
+    args.budget_of = "artifact"
+    assert frontier.artifact_budget(args, 5.249, tmp_path / "budget-10x", None, lines.append) == 5.249

@@ -433,6 +433,7 @@ def test_a_resumed_budget_run_reads_its_plan_back(saved_models, tmp_path):
     (["--budget-mb", "0"], "--budget-mb must be > 0"),
     (["--budget-mb", "0.07", "--candidate-bits", "4"], "--candidate-bits takes two or more widths"),
     (["--candidate-bits", "2,4"], "--candidate-bits goes with --budget-mb"),
+    (["--budget-of", "export"], "--budget-of goes with --budget-mb"),
     (["--budget-mb", "0.07", "--bits", "8-8-8,encoder=4,decoder=2,embeddings=8"],
      "pins every weight group, so --budget-mb has nothing to choose: drop --budget-mb (the pins alone store 0.0"),
 ])
@@ -521,3 +522,33 @@ def test_a_plan_replays_each_groups_bits_when_one_name_selects_another():
                     baseline_loss=0.0, seconds=0.0, groups={name: {"bits": b} for name, b in bits.items()})
         spec = parse_bits("8-8-8").with_rules(plan.rules)
         assert {g.name: spec.bits_of(g) for g in groups} == bits
+
+
+def test_a_budget_of_the_export_counts_the_shared_table_twice(tmp_path):
+    """--budget-of export: a Marian's one word-embedding table is in the export's encoder graph and again in its
+    decoder's, so the budget bounds the artifact plus a second copy of that table at the plan's bits; a budget that
+    the artifact alone could meet but not with that copy is refused, saying so."""
+    from modelshrink.quant.budget import copy_bytes, stored_twice
+
+    teacher = translator("marian", tmp_path / "marian")
+    rows = [{"id": i, "source": d, "target": s} for i, (d, s) in enumerate(zip(DOCUMENTS, SUMMARIES))]
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    common = dict(model=str(teacher), device="cpu", method="direct")
+    low, high = (read_manifest(quantize(QuantizeOptions(**common, bits=bits, granularity="row"), tmp_path / bits)
+                               )["metrics"]["bytes_on_disk"] for bits in ("2-2-8", "8-8-8"))
+    common.update(data=str(pairs), calibration_examples=8, batch_size=4)
+    model = _translator_model("marian", tmp_path)
+    quantize_model(model, parse_bits("8-8-8"))
+    (table,) = stored_twice(model, weight_groups(model)).values()
+    budget = (low + high) // 2
+    plans = {of: read_manifest(quantize(QuantizeOptions(**common, budget_mb=budget / 1e6, budget_of=of),
+                                        tmp_path / of))["metrics"]["bit_plan"] for of in ("artifact", "export")}
+    assert "counted_twice" not in plans["artifact"] and plans["export"]["counted_twice"] == ["embeddings"]
+    export = plans["export"]
+    assert export["bounded_bytes"] == export["written_bytes"] + copy_bytes(table, export["bits"]["embeddings"])
+    assert export["bounded_bytes"] <= budget and plans["artifact"]["written_bytes"] <= budget
+    # room for the artifact at its smallest, not for the table's second copy as well
+    tight = dict(common, budget_mb=(low + copy_bytes(table, 2) // 2) / 1e6)
+    quantize(QuantizeOptions(**tight), tmp_path / "tight-artifact")
+    with pytest.raises(UserError, match="second copy of the shared word-embedding table"):
+        quantize(QuantizeOptions(**tight, budget_of="export"), tmp_path / "tight-export")

@@ -18,7 +18,7 @@ BUDGET = "Bits under a size budget"
 DIRECT_READS = frozenset({"model", "bits", "method", "granularity", "allow_low_activation_bits", "activation_clip",
                           "device", "trust_remote_code", "allow_pickle"})
 # what a budget adds to them: its calibration sample comes from --data, drawn with --seed, batched by --batch-size
-BUDGET_READS = frozenset({"budget_mb", "candidate_bits", "calibration_examples", "data", "split", "text_column",
+BUDGET_READS = frozenset({"budget_mb", "budget_of", "candidate_bits", "calibration_examples", "data", "split", "text_column",
                           "summary_column", "text_pair_column", "label_column", "limit", "seed", "batch_size",
                           "max_source_length", "max_target_length"})
 
@@ -29,7 +29,8 @@ class QuantizeOptions(TrainOptions):
     apply to `--method distill`."""
 
     STEP: ClassVar[str] = "quantize"
-    GOES_WITH: ClassVar[dict[str, str]] = {"candidate_bits": "budget_mb", "calibration_examples": "budget_mb"}
+    GOES_WITH: ClassVar[dict[str, str]] = {"candidate_bits": "budget_mb", "calibration_examples": "budget_mb",
+                                           "budget_of": "budget_mb"}
 
     model: str = opt(REQUIRED, "A trained full-precision model: seq2seq, or a BERT-style classifier.", argument=True)
     bits: str = opt("8-8-8", "W-E-A: bits of linear weights, word embeddings, activations. 2 = ternary (TWN), "
@@ -48,6 +49,11 @@ class QuantizeOptions(TrainOptions):
     budget_mb: float | None = opt(None, "Size of the weights file in MB (10^6 bytes): each layer group's weight bits "
                                         "chosen by its measured sensitivity, never over the budget. Needs --data.",
                                   panel=BUDGET, above=0, metavar="MB")
+    budget_of: str = opt("artifact", "What --budget-mb bounds: the artifact's weights file, or what `export` stores "
+                                     "of it: the same, with a second copy of a word-embedding table that the encoder "
+                                     "and the decoder share (the export's two graphs each hold it). Not counted: the "
+                                     "graphs' own nodes (a few tenths of a MB; leave room for them).",
+                         panel=BUDGET, choices=("artifact", "export"))
     candidate_bits: str = opt("2,4,8", "Widths the budget chooses from (3 is stored as 4, 5-7 as 8).", panel=BUDGET,
                               metavar="BITS,BITS")
     calibration_examples: int = opt(64, "Examples of --data the sensitivity is measured on (drawn with --seed).",

@@ -62,6 +62,10 @@ class Plan:
     baseline_loss: float
     seconds: float
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # name → bits, pinned, parameters, bytes, sensitivity
+    # --budget-of export: the groups the export holds in two graphs, counted twice within the budget, and the size
+    # that makes (the artifact's is predicted_bytes)
+    counted_twice: list[str] = field(default_factory=list)
+    bounded_bytes: int | None = None
 
     @property
     def rules(self) -> tuple[tuple[str, int], ...]:
@@ -84,7 +88,9 @@ class Plan:
     def table(self) -> list[str]:
         """The plan as lines for people: per group its bits, bytes and sensitivity at each narrower width."""
         narrow = [c for c in self.candidates if c != max(self.candidates)]
-        lines = [f"bit plan: {self.predicted_bytes / MB:.3f} MB of a {self.budget_bytes / MB:.3f} MB budget "
+        twice = (f" (with the export's second copy of {', '.join(self.counted_twice)}: "
+                 f"{self.bounded_bytes / MB:.3f} MB)" if self.counted_twice and self.bounded_bytes else "")
+        lines = [f"bit plan: {self.predicted_bytes / MB:.3f} MB{twice} of a {self.budget_bytes / MB:.3f} MB budget "
                  f"(smallest possible {self.smallest_bytes / MB:.3f} MB); sensitivity = loss increase at "
                  + "/".join(f"{c}" for c in narrow) + f" bits over {self.calibration_examples} calibration examples "
                  f"(baseline loss {self.baseline_loss:.4f}, {self.seconds:.1f} s)",
@@ -111,6 +117,28 @@ def _tensors(modules: list[tuple[str, nn.Module]]) -> list[torch.Tensor]:
 def group_bytes(modules: list[tuple[str, nn.Module]], bits: int) -> int:
     """The packed codes of a group's tensors at `bits` (scales do not depend on the bits)."""
     return sum(packed_bytes(t.numel(), bits) for t in _tensors(modules))
+
+
+def copy_bytes(modules: list[tuple[str, nn.Module]], bits: int) -> int:
+    """A second copy of a table group: its packed codes at `bits` and its float32 scales, one a row."""
+    return group_bytes(modules, bits) + sum(4 * t.shape[0] for t in _tensors(modules))
+
+
+def stored_twice(model: nn.Module, groups: dict[Group, list]) -> dict[Group, list]:
+    """The groups an ONNX export holds in two graphs: a word-embedding table the encoder and the decoder share (one
+    group, `embeddings`, in an encoder-decoder model) is in the encoder's graph and in the decoder's."""
+    if not getattr(model.config, "is_encoder_decoder", False):
+        return {}
+    return {g: m for g, m in groups.items() if g.kind == "embeddings" and not g.stack}
+
+
+def _bits_now(modules: list[tuple[str, nn.Module]]) -> int:
+    return modules[0][1].parametrizations.weight[0].bits
+
+
+def bounded_size(model: nn.Module, twice: dict[Group, list]) -> int:
+    """What a budget bounds: the artifact's predicted bytes, and the second copy of each `twice` group."""
+    return predicted_bytes(model) + sum(copy_bytes(m, _bits_now(m)) for m in twice.values())
 
 
 @torch.no_grad()
@@ -185,38 +213,46 @@ def _free_groups(model: nn.Module, spec: QuantSpec) -> tuple[dict[Group, list], 
     return {g: m for g, m in groups.items() if g not in pinned}, pinned
 
 
-def smallest_bytes(model: nn.Module, spec: QuantSpec, budget_bytes: int, candidates: tuple[int, ...]) -> int:
-    """The size with every group not pinned by a rule at the narrowest candidate, which the model is left at; a
-    UserError, saying that size, where the budget is below it."""
+def smallest_bytes(model: nn.Module, spec: QuantSpec, budget_bytes: int, candidates: tuple[int, ...],
+                   export: bool = False) -> int:
+    """The size with every group not pinned by a rule at the narrowest candidate, which the model is left at (with
+    `export`, a second copy of each group the export stores twice counted in); a UserError, saying that size, where
+    the budget is below it."""
     free, pinned = _free_groups(model, spec)
+    twice = stored_twice(model, quantized_groups(model, spec)) if export else {}
     if not free:
         raise UserError(f"--bits {spec.label} pins every weight group, so --budget-mb has nothing to choose: drop "
                         f"--budget-mb (the pins alone store {predicted_bytes(model) / MB:.3f} MB) or pin fewer groups")
     low = min(candidates)
     for group in free.values():
         _set_bits(group, low)
-    smallest = predicted_bytes(model)
+    smallest = bounded_size(model, twice)
     if smallest > budget_bytes:
         pins = f" and {len(pinned)} pinned group(s) at their --bits" if pinned else ""
         raise BudgetTooSmall(f"--budget-mb {budget_bytes / MB:g} is below the smallest this model can be stored: "
-                             f"{smallest / MB:.3f} MB, every weight at {low} bits{pins}; raise the budget, or shrink "
-                             "the model too (--encoder-layers/--decoder-layers)", smallest)
+                             f"{smallest / MB:.3f} MB, every weight at {low} bits{pins}"
+                             + (" (and the export's second copy of the shared word-embedding table)" if twice else "")
+                             + "; raise the budget, or shrink the model too (--encoder-layers/--decoder-layers)",
+                             smallest)
     return smallest
 
 
 def plan_bits(model: nn.Module, spec: QuantSpec, budget_bytes: int, candidates: tuple[int, ...], batches: list[Any],
               teacher_out: Callable[[Any], Any], loss: Callable[[nn.Module, Any, Any], torch.Tensor],
-              calibration_examples: int, progress: Callable[[int, int], None] = lambda done, total: None) -> Plan:
+              calibration_examples: int, progress: Callable[[int, int], None] = lambda done, total: None,
+              export: bool = False) -> Plan:
     """Measure, allocate and set the bits of a model quantized under `spec` (W = E = 8, rules pin groups); the
     model's weights are at the plan's bits after. A UserError where the budget cannot be met."""
     groups = quantized_groups(model, spec)
     free, pinned = _free_groups(model, spec)
     low = min(candidates)
-    smallest = smallest_bytes(model, spec, budget_bytes, candidates)
+    smallest = smallest_bytes(model, spec, budget_bytes, candidates, export)
+    twice = stored_twice(model, groups) if export else {}
     start = time.perf_counter()
     baseline, sensitivity = measure(model, free, candidates, batches, teacher_out, loss, progress)
     seconds = time.perf_counter() - start
-    extra = {g: {c: group_bytes(m, c) - group_bytes(m, low) for c in candidates} for g, m in free.items()}
+    extra = {g: {c: (group_bytes(m, c) - group_bytes(m, low)) * (2 if g in twice else 1) for c in candidates}
+             for g, m in free.items()}
     # the file's header (tensor names, shapes, offsets) grows by a few digits with the data: allocate under the
     # budget less a slack, and where the header grew by more, again under that much less (at a capacity of 0
     # every free group is at the narrowest bits: the smallest size, which is within the budget)
@@ -226,10 +262,11 @@ def plan_bits(model: nn.Module, spec: QuantSpec, budget_bytes: int, candidates: 
         chosen = allocate(extra, sensitivity, capacity)
         for group, bits in chosen.items():
             _set_bits(free[group], bits)
-        predicted = predicted_bytes(model)
-        if predicted <= budget_bytes or capacity == 0:
+        bounded = bounded_size(model, twice)
+        if bounded <= budget_bytes or capacity == 0:
             break
-        slack += predicted - budget_bytes
+        slack += bounded - budget_bytes
+    predicted = predicted_bytes(model)
     infos = {}
     for group, modules in groups.items():
         bits = chosen.get(group, spec.bits_of(group))
@@ -239,7 +276,7 @@ def plan_bits(model: nn.Module, spec: QuantSpec, budget_bytes: int, candidates: 
                              "sensitivity": {} if group in pinned else
                              {str(c): round(v, 6) for c, v in sorted(sensitivity[group].items())}}
     return Plan(budget_bytes, predicted, smallest, list(candidates), calibration_examples, round(baseline, 6),
-                round(seconds, 3), infos)
+                round(seconds, 3), infos, [g.name for g in twice], bounded if twice else None)
 
 
 def apply_plan(model: nn.Module, plan: Plan) -> None:

@@ -77,7 +77,8 @@ def quantize_within_budget(options: QuantizeOptions, student: Any, objective: Ca
     candidates = parse_candidates(options.candidate_bits)
     counts = quantize_model(student, spec)
     budget = int(options.budget_mb * MB)
-    smallest_bytes(student, spec, budget, candidates)  # a budget too small fails first, on every process alike
+    export = options.budget_of == "export"
+    smallest_bytes(student, spec, budget, candidates, export)  # a budget too small fails first, on every process alike
     saved = staging / PLAN_NAME if staging is not None else None
     shared = accelerator is not None and accelerator.num_processes > 1
     plan = None
@@ -89,7 +90,7 @@ def quantize_within_budget(options: QuantizeOptions, student: Any, objective: Ca
         batches, teacher_out, loss = objective(sample)
         log(f"measuring the sensitivity of each layer group at {', '.join(map(str, candidates))} bits on "
             f"{len(sample)} calibration examples")
-        plan = plan_bits(student, spec, budget, candidates, batches, teacher_out, loss, len(sample))
+        plan = plan_bits(student, spec, budget, candidates, batches, teacher_out, loss, len(sample), export=export)
         for line in plan.table():
             log(line)
     if shared:

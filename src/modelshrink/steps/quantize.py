@@ -85,6 +85,8 @@ def plan_metrics(plan: Any, folder: Path, training_seconds: float | None = None)
            "smallest_bytes": plan.smallest_bytes, "sensitivity_seconds": plan.seconds,
            "calibration_examples": plan.calibration_examples,
            "bits": {name: info["bits"] for name, info in plan.groups.items()}}
+    if plan.counted_twice:  # --budget-of export: the size the budget bounds, the export's second copy counted
+        out.update(counted_twice=plan.counted_twice, bounded_bytes=plan.bounded_bytes)
     if training_seconds:
         out["sensitivity_share_of_training"] = round(plan.seconds / training_seconds, 4)
     return out
