@@ -216,6 +216,9 @@ def make_quantized(args: argparse.Namespace, train: Path, fewer: int, uniform: l
                     yield "student", student
                 model = dict(model=str(student), teacher=str(teacher))
             bits = budget_bits(args, args.work / folder, log, text)
+            if mb <= 0:  # the export's graph alone is over the bound
+                log(f"budget {text} skipped: the export's graph alone is larger than it")
+                continue
             log(f"distillation-aware under a {mb:.2f} MB budget ({text}; {steps} steps)")
             try:
                 of = "artifact" if equal_to(text) or args.budget_of == "artifact" else "export"
