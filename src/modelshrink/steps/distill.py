@@ -19,7 +19,7 @@ from modelshrink.options.batching import resolve_batching
 from modelshrink.options.distill import DistillOptions
 from modelshrink.training.runs import TrainingRun, parent_refs
 from modelshrink.training.seq2seq import read_pairs_for, train_seq2seq
-from modelshrink.training.students import build_student, check_widths, student_metrics
+from modelshrink.training.students import build_student, check_widths, student_metrics, trim_student
 from modelshrink.training.loop import TrainResult, enable_gradient_checkpointing
 
 SAVE_PRETRAINED = "A `save_pretrained` folder: plain `transformers` loads it."
@@ -50,6 +50,8 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     accelerator = run.start(device)
     rows, validation_rows = read_pairs_for(options)
     built = build_student(options, device, log)
+    if options.trim_vocab:
+        built = trim_student(built, rows, log)
     student, tokenizer = built["student"], built["tokenizer"]
     check_widths(built["teacher"], student, options)
     if options.gradient_checkpointing:
@@ -69,9 +71,11 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
         return run.output
     run.keep_best(result, lambda folder: save(student, folder))
     metrics = student_metrics(student, built["teacher"], result)
-    card = model_card(options, run.output, built["origin"], metrics, "distill", SAVE_PRETRAINED)
+    origin = {**built["origin"], **({"vocabulary": built["vocabulary"]} if "vocabulary" in built else {})}
+    card = model_card(options, run.output, origin, metrics, "distill", SAVE_PRETRAINED)
     return run.commit(result, metrics=metrics, card=card, metric=options.metric, always=("teacher", "student"),
-                      resolved={"layer_map": built["maps"], "max_source_length": max_source_length})
+                      resolved={"layer_map": built["maps"], "max_source_length": max_source_length,
+                                **({"vocabulary": built["vocabulary"]} if "vocabulary" in built else {})})
 
 
 def model_card(options: DistillOptions, output: Path, origin: dict[str, Any], metrics: dict[str, Any],
@@ -94,6 +98,10 @@ def model_card(options: DistillOptions, output: Path, origin: dict[str, Any], me
                  else f"random, seed {options.seed}")
         lines.append(f"Warm-started encoder-decoder from `{origin['init_encoder_decoder']}` (cross-attention "
                      f"initialised as {start}), then fine-tuned.")
+    if "vocabulary" in origin:
+        v = origin["vocabulary"]
+        lines.append(f"Vocabulary trimmed to the {v['kept']:,} of {v['of']:,} tokens that the training data uses, "
+                     "with the special tokens and every single character (`--trim-vocab`).")
     lines += ["", f"Parameters: {metrics['parameters']:,}" + (
         f" (teacher {metrics['teacher_parameters']:,}, {metrics['parameter_ratio']}× fewer)"
         if "teacher_parameters" in metrics else ""), "", "## Training", ""]

@@ -67,14 +67,17 @@ def decoder_inputs(model: Any, labels: torch.Tensor) -> torch.Tensor:
     return shifted.masked_fill(shifted == -100, config.pad_token_id)
 
 
-def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] | None):
+def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] | None,
+              vocab_map: list[int] | None = None):
     """Label-smoothed CE, plus the weighted word-level losses against the teacher.
 
     Without --kd-logits (and unless --no-fused-cross-entropy), the CE never materialises the logits: the
     student's forward stops before its LM head and `losses.linear_cross_entropy` takes the loss from the
     hidden state chunk by chunk (every supported family; `lm_head` says how each makes its logits). A head
     that is not a plain linear (a quantized student's) keeps the logits, and so does --kd-logits, which
-    compares them; a teacher whose logits no loss reads skips its head."""
+    compares them; a teacher whose logits no loss reads skips its head. A trimmed student's ids (`vocab_map`:
+    the teacher's id of each) are the teacher's inputs in its own ids, and its logits are taken at the student's
+    tokens."""
     from modelshrink.models import lm_head
     from modelshrink.training import losses
     from modelshrink.precision import torch_dtype
@@ -84,6 +87,7 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
     fused = options.fused_cross_entropy is not False and options.kd_logits is None and not options.compile
     # The head's matmul in the autocast dtype, as the model's own head runs (autocast ends with the forward).
     compute_dtype = torch_dtype(options.precision)
+    to_teacher = torch.tensor(vocab_map, dtype=torch.long) if vocab_map is not None else None
 
     def cross_entropy(model: Any, core: Any, inputs: dict[str, Any], labels: torch.Tensor) -> tuple[Any, torch.Tensor]:
         head = lm_head.find(core) if fused else None
@@ -106,7 +110,9 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
         total, parts = ce, {"ce": ce.detach()}
         if teacher is not None and options.word_level:
             with torch.no_grad(), lm_head.bypassed(lm_head.find(teacher) if fused else None):
-                t = teacher(**inputs)
+                t = teacher(**(inputs if to_teacher is None else teacher_inputs(inputs, to_teacher)))
+            if to_teacher is not None and options.kd_logits is not None:
+                t.logits = t.logits.index_select(-1, to_teacher.to(t.logits.device))
             target_mask = (batch["labels"] != -100).long()
             source_mask = batch["attention_mask"]
             if options.kd_logits == "kl":
@@ -136,6 +142,12 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
         return total, parts
 
     return loss_fn
+
+
+def teacher_inputs(inputs: dict[str, Any], to_teacher: torch.Tensor) -> dict[str, Any]:
+    """A trimmed student's batch in its teacher's ids."""
+    index = to_teacher.to(inputs["input_ids"].device)
+    return {**inputs, "input_ids": index[inputs["input_ids"]], "decoder_input_ids": index[inputs["decoder_input_ids"]]}
 
 
 def make_validate(rows: list[Any], tokenizer: Any, options: DistillOptions, max_source_length: int, device: Any):
@@ -190,7 +202,7 @@ def train_seq2seq(options: DistillOptions, built: dict[str, Any], rows: list[Any
     tokenized = tokenize_pairs(rows, tokenizer, max_source_length, options.max_target_length)
     validate = (make_validate(validation_rows, tokenizer, options, max_source_length, accelerator.device)
                 if validation_rows else None)
-    result = train(student, tokenized, make_collate(tokenizer.pad_token_id), make_loss(options, teacher, built["maps"]),
+    result = train(student, tokenized, make_collate(tokenizer.pad_token_id), make_loss(options, teacher, built["maps"], built.get("vocab_map")),
                    options.train_options(), staging, accelerator=accelerator, validate=validate,
                    save_best=save_best_with(save), resume=resume, progress=progress, log=log,
                    hparams=hparams if hparams is not None else options.recorded(),

@@ -30,6 +30,7 @@ def build_student(options: DistillOptions, device: str, log: Callable[[str], Non
     otherwise `options.teacher` and `options.student` are resolved here."""
     from modelshrink.models.loading import load_seq2seq, tokenizer_mismatch
     from modelshrink.models.shrink import check_layer_ids, first_layer_ids, layer_counts, shrink, spaced_layer_ids
+    from modelshrink.models.vocabulary import teacher_ids
     from modelshrink.models.warmstart import init_encoder_decoder
 
     teacher_source, student_source = teacher or options.teacher, student or options.student
@@ -46,9 +47,10 @@ def build_student(options: DistillOptions, device: str, log: Callable[[str], Non
     if student_source is not None:
         student, student_tokenizer, _ = load_seq2seq(student_source, "student", options.trust_remote_code, "cpu",
                                                      allow_pickle=options.allow_pickle)
-        maps = None
+        maps, vocab_map = None, None
         if teacher is not None and options.word_level:
-            why = tokenizer_mismatch(tokenizer, student_tokenizer)
+            vocab_map = teacher_ids(tokenizer, student_tokenizer)  # a trimmed student's ids in the teacher's
+            why = tokenizer_mismatch(tokenizer, student_tokenizer) if vocab_map is None else None
             if why:
                 raise UserError(f"teacher and student tokenizers differ ({why}); word-level losses compare "
                                 "token distributions and need the same tokenizer")
@@ -57,7 +59,7 @@ def build_student(options: DistillOptions, device: str, log: Callable[[str], Non
             maps = {"encoder": spaced_layer_ids(n_enc_t, n_enc_s, "encoder"),
                     "decoder": spaced_layer_ids(n_dec_t, n_dec_s, "decoder")}
         return {"teacher": teacher, "student": student, "tokenizer": student_tokenizer, "maps": maps,
-                "origin": {"student": options.student}}
+                "vocab_map": vocab_map, "origin": {"student": options.student}}
     n_enc, n_dec = layer_counts(teacher)
     pick = spaced_layer_ids if options.layer_selection == "spaced" else first_layer_ids
 
@@ -72,6 +74,21 @@ def build_student(options: DistillOptions, device: str, log: Callable[[str], Non
     log(f"student: encoder layers {maps['encoder']} of {n_enc}, decoder layers {maps['decoder']} of {n_dec}")
     return {"teacher": teacher, "student": student, "tokenizer": tokenizer, "maps": maps,
             "origin": {"teacher": options.teacher, "layer_map": maps}}
+
+
+def trim_student(built: dict[str, Any], rows: list[Any], log: Callable[[str], None]) -> dict[str, Any]:
+    """`built` with its student and tokenizer trimmed to the tokens of the training rows (`--trim-vocab`,
+    `models/vocabulary.py`), its `vocab_map` (student id -> teacher id) following, and what was kept."""
+    from modelshrink.models.vocabulary import trim
+
+    before = len(built["tokenizer"])
+    texts = (text for r in rows for text in (r.document, r.reference))
+    tokenizer, kept = trim(built["student"], built["tokenizer"], texts)
+    old = built.get("vocab_map")
+    log(f"vocabulary: {len(kept):,} of {before:,} tokens kept (those the {len(rows):,} training pairs use, the "
+        "special tokens, every single character)")
+    return {**built, "tokenizer": tokenizer, "vocab_map": [old[k] for k in kept] if old else kept,
+            "vocabulary": {"kept": len(kept), "of": before}}
 
 
 def student_metrics(student: Any, teacher: Any | None, result: TrainResult | None) -> dict[str, Any]:

