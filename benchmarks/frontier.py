@@ -9,7 +9,8 @@ From a teacher and the Debian data (--data: train.jsonl.gz and validation.jsonl.
 deployable form the chain gives; each artifact is resumable (a rerun continues an interrupted one and keeps a
 finished one):
   teacher                   PyTorch eager, and `export` float32
-  student                   `distill --teacher --decoder-layers D` on the gold pairs (--student to reuse one),
+  student                   `distill --teacher --decoder-layers D` on the gold pairs, `--trim-vocab` for
+                            summarization (--no-trim-vocab: the teacher's whole vocabulary; --student to reuse one),
                             exported float32, --int8 and --int4
   8-8-8, 2-2-8 (all layers) distillation-aware `quantize` of the teacher, exported (kernels measured by export);
   2-2-8, fewer layers       the same with D decoder layers; --reuse DIR takes them from recipes/dq-bart-debian.sh's
@@ -152,8 +153,10 @@ def make_student(args: argparse.Namespace, train: Path, fewer: int, log) -> Path
     from modelshrink.steps.distill import DistillOptions, distill
 
     student = args.work / f"student-{fewer}"
-    log(f"student with {fewer} decoder layers ({args.student_steps} steps)")
+    log(f"student with {fewer} decoder layers ({args.student_steps} steps"
+        + (", the training data's tokens only)" if args.trim_vocab else ")"))
     distill(DistillOptions(data=str(train), teacher=str(Path(args.teacher)), decoder_layers=fewer,
+                           trim_vocab=args.trim_vocab,
                            max_steps=args.student_steps, lr=TASKS[args.task].student_lr, warmup_ratio=0.05,
                            save_every=100, **training_budget(args)), student, resume=True, log=log)
     return student
@@ -791,6 +794,9 @@ def arguments() -> argparse.ArgumentParser:
                         "sensitivity is measured on (quantize --calibration-examples) [default: 64]")
     parser.add_argument("--decoder-layers", type=int, help="the student's and the fewer-layer 2-2-8's [default: half]")
     parser.add_argument("--student-steps", type=int, help="[default: 1500; translation: 1200]")
+    parser.add_argument("--trim-vocab", action=argparse.BooleanOptionalAction, help="the student keeps only the "
+                        "tokens of the training data (distill --trim-vocab), and so does every form made from it "
+                        "[default: on; translation: off, its BPE was trained on these pairs]")
     parser.add_argument("--quantize-steps", type=int, help="[default: 300; translation: 600, and twice that for the "
                         "fewer-layer 2-2-8]")
     parser.add_argument("--max-tokens", type=int, help="padded tokens a training batch [default: 3072; translation: "
@@ -841,7 +847,10 @@ def report(args: argparse.Namespace, results: dict[str, dict], budgets: list[dic
         f"form (p50) and by each form alone ({args.rounds} rounds, after one untimed; p50 alone), × faster: the "
         f"teacher's p50 over the form's, a target met on the smaller of the two; "
         f"batch 16 over {args.throughput_docs} {task.rows} ({args.rounds} passes); {len(os.sched_getaffinity(0))} "
-        f"threads. Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, onnxruntime "
+        f"threads. The student and the forms made from it keep "
+        + ("only the tokens of the training data (`distill --trim-vocab`)" if args.trim_vocab
+           else "the teacher's vocabulary")
+        + f". Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, onnxruntime "
         f"{onnxruntime.__version__}. Command: `{command}` ({time.strftime('%Y-%m-%d')}).", "",
         *table(results, task), "", verdict(results, task), "", verdict_budget(results, task), "",
         f"Each exported form against the PyTorch model it was exported from, on the same {task.rows}:", "",

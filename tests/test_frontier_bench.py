@@ -117,6 +117,11 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     # student's steps besides, so no uniform form is its equal and it is not compared with one
     options = json.loads((work / "budget-4x-student" / "modelshrink.json").read_text())["options"]
     assert Path(options["model"]) == work / "student-1" and Path(options["teacher"]) == work / "teacher"
+    # summarization's student keeps only its training data's tokens (--trim-vocab), and its budget form too (the
+    # tiny teacher's vocabulary was trained on that data, so every token is kept)
+    kept = json.loads((work / "student-1" / "modelshrink.json").read_text())["resolved"]["vocabulary"]
+    assert kept["kept"] <= kept["of"] and "only the tokens of the training data" in stdout
+    assert json.loads((work / "budget-4x-student" / "config.json").read_text())["vocab_size"] == kept["kept"]
     assert all(json.loads((work / f / "modelshrink.json").read_text())["options"]["granularity"] == "row"
                for f in ("228-6-6", "228-6-3", "budget-4x"))  # --granularity's default: scales per row
     assert frontier.artifact_mb(work / "onnx-budget-4x-student") <= teacher_mb / 4
@@ -226,7 +231,7 @@ def test_frontier_task_is_checked_and_brings_its_defaults(monkeypatch, capsys):
     assert Path(args.data).name == "debian-translations" and args.pair == "en-de"
     assert args.teacher == "runs/repro-mt/teacher" and args.figure.name == "frontier-translation.png"
     assert args.work == Path("runs/frontier-translation")  # never resumes the summarization run's artifacts
-    assert (args.student_steps, args.quantize_steps, args.max_tokens) == (1200, 600, 4096)
+    assert (args.student_steps, args.quantize_steps, args.max_tokens) == (1200, 600, 4096) and not args.trim_vocab
     # its Marian-shaped teacher's positions are sinusoids (not stored): no budget quantizes them, so no equal budget
     # of the fewer-layer 2-2-8 (nothing would be left to allocate)
     assert args.budget_bits == "8-8-8" and frontier.budgets(args, 3) == ["10x", "13x", "10x:3", "10x:student", "=4-4-8"]
@@ -237,7 +242,8 @@ def test_frontier_task_is_checked_and_brings_its_defaults(monkeypatch, capsys):
     # summarization keeps its own, and has no language pair
     args = frontier.arguments().parse_args([])
     assert args.task == "summarization" and Path(args.data).name == "debian-descriptions" and args.pair is None
-    assert (args.student_steps, args.quantize_steps, args.max_tokens) == (1500, 300, 3072)
+    assert (args.student_steps, args.quantize_steps, args.max_tokens) == (1500, 300, 3072) and args.trim_vocab
+    assert not frontier.arguments().parse_args(["--no-trim-vocab"]).trim_vocab
     assert args.teacher == "runs/repro/teacher" and args.figure.name == "frontier.png"
     # the budgets: 10x and 13x with every layer, 10x with the fewer decoder layers; MB or Nx, :D for depth
     # and one the size of uniform 2-8-8 and of 4-4-8 (equal budgets), where --uniform makes them

@@ -113,6 +113,15 @@ def test_word_level_losses_compare_the_teacher_at_the_students_tokens(saved_mode
         hidden_only = DistillOptions(data="pairs", teacher="t", kd_hidden=1.0, max_steps=1)
         _, unmapped = make_loss(hidden_only, teacher, built["maps"])(student, batch)  # the teacher reading wrong ids
     assert float(unmapped["kd_hidden"]) > 1e-3
+    from modelshrink.steps.bit_budget import seq2seq_objective
+
+    batches, targets, _ = seq2seq_objective(rows[:4], built["tokenizer"], teacher, 64, 64, 4, "cpu",
+                                            built["vocab_map"])  # a budget's calibration targets
+    with torch.no_grad():
+        got = targets(batches[0])
+        want = student(input_ids=batches[0]["input_ids"], attention_mask=batches[0]["attention_mask"],
+                       labels=batches[0]["labels"]).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -143,6 +152,11 @@ def test_trim_vocab_goes_through_the_chain(plain_models, tmp_path):
     assert report["validation"]["generation"]["equal"], report["validation"]["generation"]
     quantized = quantize(QuantizeOptions(model=str(student), teacher=str(teacher), bits="8-8-8", method="distill",
                                          data=str(pairs), max_steps=1, batch_size=4, device="cpu"), tmp_path / "q")
+    budget = (quantized / "modelshrink-quantized.safetensors").stat().st_size * 0.7 / 1e6  # bits chosen against the teacher's logits
+    planned = quantize(QuantizeOptions(model=str(student), teacher=str(teacher), data=str(pairs), budget_mb=budget,
+                                       calibration_examples=4, max_steps=1, batch_size=4, device="cpu"),
+                       tmp_path / "budget")
+    assert read_manifest(planned)["metrics"]["bit_plan"]["predicted_bytes"] <= budget * 1e6
     # a random model's near-tied logits flip under int8 rounding either way, trimmed or not: the export runs
     folder, report = export_model(ExportOptions(model=str(quantized), data=str(pairs), samples=2, generation_docs=2),
                                   tmp_path / "onnx")

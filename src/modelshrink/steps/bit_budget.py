@@ -22,9 +22,10 @@ def _on(batch: dict[str, Any], device: Any) -> dict[str, Any]:
 
 
 def seq2seq_objective(rows: list[Any], tokenizer: Any, teacher: Any, max_source_length: int, max_target_length: int,
-                      batch_size: int, device: Any) -> Objective:
+                      batch_size: int, device: Any, vocab_map: list[int] | None = None) -> Objective:
     """(batches, teacher logits of a batch, loss of a model on a batch given them): cross-entropy on the reference
-    plus the MSE to the teacher's logits on the target tokens."""
+    plus the MSE to the teacher's logits on the target tokens. A trimmed student's batch (`vocab_map`: the
+    teacher's id of each of its ids) is read by the teacher in its own ids, its logits taken at the student's."""
     from modelshrink.training import losses
     from modelshrink.training.seq2seq import decoder_inputs, make_collate, tokenize_pairs
 
@@ -41,7 +42,16 @@ def seq2seq_objective(rows: list[Any], tokenizer: Any, teacher: Any, max_source_
         return (losses.label_smoothed_cross_entropy(out, batch["labels"])
                 + losses.kd_mse(out, target, (batch["labels"] != -100).long()))
 
-    return batches, lambda batch: logits(teacher, batch), loss
+    def targets(batch: dict[str, Any]) -> torch.Tensor:
+        if vocab_map is None:
+            return logits(teacher, batch)
+        index = torch.tensor(vocab_map, dtype=torch.long, device=batch["input_ids"].device)
+        labels = batch["labels"]
+        mapped = {**batch, "input_ids": index[batch["input_ids"]],
+                  "labels": torch.where(labels == -100, labels, index[labels.clamp(min=0)])}
+        return logits(teacher, mapped).index_select(-1, index)
+
+    return batches, targets, loss
 
 
 def classifier_objective(examples: list[dict[str, Any]], pad_id: int, teacher: Any, batch_size: int,

@@ -319,7 +319,8 @@ def _seq2seq_plan(options: QuantizeOptions, settings: DistillOptions, built: dic
 
     def objective(sample: list[Any]) -> Any:
         return bit_budget.seq2seq_objective(sample, tokenizer, teacher.to(device).eval(), max_source_length,
-                                            settings.max_target_length, settings.batch_size, device)
+                                            settings.max_target_length, settings.batch_size, device,
+                                            built.get("vocab_map"))
 
     return bit_budget.quantize_within_budget(options, student, objective, rows, staging, log, accelerator)
 

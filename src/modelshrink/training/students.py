@@ -48,8 +48,13 @@ def build_student(options: DistillOptions, device: str, log: Callable[[str], Non
         student, student_tokenizer, _ = load_seq2seq(student_source, "student", options.trust_remote_code, "cpu",
                                                      allow_pickle=options.allow_pickle)
         maps, vocab_map = None, None
+        if teacher is not None:  # a trimmed student's ids in the teacher's (its logits are a budget's targets too)
+            try:
+                vocab_map = teacher_ids(tokenizer, student_tokenizer)
+            except UserError:
+                if options.word_level:
+                    raise
         if teacher is not None and options.word_level:
-            vocab_map = teacher_ids(tokenizer, student_tokenizer)  # a trimmed student's ids in the teacher's
             why = tokenizer_mismatch(tokenizer, student_tokenizer) if vocab_map is None else None
             if why:
                 raise UserError(f"teacher and student tokenizers differ ({why}); word-level losses compare "
