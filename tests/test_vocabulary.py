@@ -188,3 +188,21 @@ def test_bad_input_is_refused_in_one_line(saved_models, tmp_path):
         vocabulary.teacher_ids(tok, other)
     assert vocabulary.teacher_ids(tok, tok) is None
     assert vocabulary.teacher_ids(tok, vocabulary.trim_tokenizer(tok, [0, 1, 2, 3, 4, 9])) == [0, 1, 2, 3, 4, 9]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["bert2bert", "t5"])
+def test_a_trimmed_student_exports_and_the_runtime_writes_its_tokens(family, plain_models, tmp_path):
+    from modelshrink.runtime import load
+    from modelshrink.steps.distill import DistillOptions, distill
+    from modelshrink.steps.export import ExportOptions, export_model
+
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"id": i, "document": d, "summary": s}
+                                                   for i, (d, s) in enumerate(zip(DOCUMENTS[:8], SUMMARIES[:8]))])
+    student = distill(DistillOptions(data=str(pairs), teacher=str(plain_models[family]), trim_vocab=True,
+                                     max_steps=0), tmp_path / "student")
+    folder, report = export_model(ExportOptions(model=str(student), data=str(pairs), samples=2, generation_docs=2),
+                                  tmp_path / "onnx")
+    assert report["validation"]["generation"]["equal"], report["validation"]["generation"]
+    outputs = load(folder, threads=1).summarize(DOCUMENTS[:2], 2, 64)
+    assert len(outputs) == 2 and all(isinstance(o, str) for o in outputs)

@@ -15,9 +15,10 @@ step, the largest single matrix a small decoder multiplies. Trimming keeps:
 The model keeps those rows (input tables, LM head, its bias) renumbered in their old order, and the tokenizer
 is rewritten to match (its `tokenizer.json`: vocabulary, merges, added tokens, post-processor ids). Model and
 tokenizer stay a plain `save_pretrained` pair that needs no id map. A text of the corpus tokenizes to the same
-tokens as before (WordPiece's longest-match and BPE's lowest-rank merge choose among the kept tokens what they
-chose before, since what they chose is kept); another may be split into more pieces where a piece it used is
-gone. The kept model's logits are the old model's logits at the kept ids, exactly (tested for every family).
+tokens as before (WordPiece's longest match, BPE's lowest-rank merge and Unigram's most likely split choose among
+the kept tokens what they chose before, since what they chose is kept); another may be split into more pieces
+where a piece it used is gone. The kept model's logits are the old model's logits at the kept ids, exactly
+(tested for every family).
 
 `teacher_ids` maps a trimmed student's ids to its teacher's by token, so that word-level losses still compare
 the two (the teacher reads the same text in its own ids, and its logits are taken at the student's tokens).
@@ -233,14 +234,19 @@ def _configs(config: Any) -> list[Any]:
 
 
 def _renumber_config(config: Any, new: dict[int, int]) -> None:
+    def renumbered(name: str, value: int) -> int:
+        if int(value) not in new:
+            raise UserError(f"the config's {name} {value} is not a token of the vocabulary ({len(new):,} kept)")
+        return new[int(value)]
+
     for name in ID_FIELDS:
         value = getattr(config, name, None)
         if value is None:
             continue
         if isinstance(value, (list, tuple)):
-            setattr(config, name, [new[int(v)] for v in value])
+            setattr(config, name, [renumbered(name, v) for v in value])
         else:
-            setattr(config, name, new[int(value)])
+            setattr(config, name, renumbered(name, value))
     for name in ID_LISTS:
         value = getattr(config, name, None)
         if value:
