@@ -36,6 +36,7 @@ def test_a_trimmed_model_gives_the_old_logits_at_the_kept_ids(family, tmp_path):
     old = copy.deepcopy(model)
     new_tok, kept = vocabulary.trim(model, tok, CORPUS)
     assert len(new_tok) == len(kept) < len(tok) and model.get_output_embeddings().weight.shape[0] == len(kept)
+    assert len(kept) % 8 == 0  # rounded up with unused tokens, for GPU matmuls
     index = torch.tensor(kept)
     before, after = (t(CORPUS[:3], padding=True, return_tensors="pt") for t in (tok, new_tok))
     assert torch.equal(index[after["input_ids"]], before["input_ids"])  # the same tokens, renumbered
@@ -91,6 +92,22 @@ def test_the_corpus_tokenizes_as_before_and_other_text_still_does(kind, tmp_path
     assert new.unk_token_id not in ids or tok.unk_token_id in tok(unseen)["input_ids"]
     assert new.decode(ids, skip_special_tokens=True).strip() == tok.decode(tok(unseen)["input_ids"],
                                                                            skip_special_tokens=True).strip()
+
+
+def test_a_bpe_keeps_every_merge_its_corpus_used():
+    """Two merges make "abc": (a, bc) ranks first, but "Yabc" is merged through "ab". Keeping only the parts of the
+    first merge that makes each kept token would drop "ab" and its merge, and "Yabc Ya" would split otherwise."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["<unk>", "Y", "a", "b", "c", "ab", "bc", "Ya", "abc"]
+    bpe = Tokenizer(models.BPE(vocab={p: i for i, p in enumerate(pieces)}, unk_token="<unk>",
+                               merges=[("a", "b"), ("b", "c"), ("Y", "a"), ("a", "bc"), ("ab", "c")]))
+    bpe.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>")
+    corpus = ["Yabc Ya"]
+    new = vocabulary.trim_tokenizer(tok, vocabulary.kept_ids(tok, vocabulary.corpus_ids(tok, corpus), multiple=1))
+    assert new.tokenize(corpus[0]) == tok.tokenize(corpus[0]) == ["Y", "abc", "Ya"]
 
 
 def test_word_level_losses_compare_the_teacher_at_the_students_tokens(saved_models, tmp_path):
@@ -187,6 +204,17 @@ def test_bad_input_is_refused_in_one_line(saved_models, tmp_path):
     with pytest.raises(UserError, match="other rules"):
         vocabulary.teacher_ids(tok, other)
     assert vocabulary.teacher_ids(tok, tok) is None
+    model, _ = build("bart")
+    with pytest.raises(UserError, match="sentencepiece-only"):  # Marian's and M2M100's own tokenizers
+        vocabulary.trim(model, SimpleNamespace(), CORPUS)
+    from transformers import BertConfig, EncoderDecoderConfig, EncoderDecoderModel
+
+    common = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    two = EncoderDecoderModel(EncoderDecoderConfig.from_encoder_decoder_configs(
+        BertConfig(vocab_size=len(tok), **common), BertConfig(vocab_size=40, is_decoder=True, add_cross_attention=True,
+                                                              **common)))
+    with pytest.raises(UserError, match="other vocabularies"):
+        vocabulary.trim_model(two, list(range(10)))
     assert vocabulary.teacher_ids(tok, vocabulary.trim_tokenizer(tok, [0, 1, 2, 3, 4, 9])) == [0, 1, 2, 3, 4, 9]
 
 

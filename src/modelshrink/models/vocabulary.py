@@ -64,7 +64,7 @@ def corpus_ids(tokenizer: Any, texts: Iterable[str], batch: int = 1024) -> set[i
     truncation and padding its tokenizer.json may set: MiniLM's truncates at 128)."""
     from tokenizers import Tokenizer
 
-    fast = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    fast = Tokenizer.from_str(json.dumps(backend(tokenizer)))
     fast.no_truncation()
     fast.no_padding()
     used: set[int] = set()
@@ -83,9 +83,10 @@ def _merges(model: dict[str, Any]) -> list[tuple[str, str]]:
     return [tuple(m.split(" ", 1)) if isinstance(m, str) else (m[0], m[1]) for m in model.get("merges", [])]
 
 
-def kept_ids(tokenizer: Any, used: set[int], configs: Iterable[Any] = ()) -> list[int]:
+def kept_ids(tokenizer: Any, used: set[int], configs: Iterable[Any] = (), multiple: int = 8) -> list[int]:
     """The ids a trimmed vocabulary keeps (sorted): `used` (from `corpus_ids`), the special and added tokens, the
-    ids `configs` name, and what keeps any text tokenizable (see the module's docstring)."""
+    ids `configs` name, and what keeps any text tokenizable (see the module's docstring); then the first unused
+    tokens up to a `multiple` of 8 in all (which changes no kept text's tokens: they are the old tokenizer's too)."""
     spec = backend(tokenizer)
     model = spec["model"]
     vocab: dict[str, int] = tokenizer.get_vocab()
@@ -94,7 +95,7 @@ def kept_ids(tokenizer: Any, used: set[int], configs: Iterable[Any] = ()) -> lis
     for config in configs:
         for name in ID_FIELDS:
             kept.update(_ids(getattr(config, name, None)))
-    kind = model["type"]
+    kind, merges = model["type"], []
     if kind == "WordPiece":
         prefix = model.get("continuing_subword_prefix") or "##"
         kept.update(i for t, i in vocab.items() if len(t) == 1 or (t.startswith(prefix) and len(t) == len(prefix) + 1))
@@ -102,18 +103,32 @@ def kept_ids(tokenizer: Any, used: set[int], configs: Iterable[Any] = ()) -> lis
         kept.update(i for t, i in vocab.items() if len(t) == 1 or (model.get("byte_fallback") and _is_byte(t)))
     elif kind == "BPE":
         kept.update(i for t, i in vocab.items() if len(t) == 1 or (model.get("byte_fallback") and _is_byte(t)))
-        parts: dict[str, tuple[str, str]] = {}
-        for a, b in _merges(model):
-            parts.setdefault(a + b, (a, b))
-        by_id = {i: t for t, i in vocab.items()}
-        todo = [by_id[i] for i in kept if i in by_id]
-        while todo:
-            for piece in parts.get(todo.pop(), ()):
-                if piece in vocab and vocab[piece] not in kept:
-                    kept.add(vocab[piece])
-                    todo.append(piece)
+        merges = _merges(model)
+        _merge_closure(kept, merges, vocab)
     size = len(tokenizer)
-    return sorted(i for i in kept if 0 <= i < size)
+    kept = {i for i in kept if 0 <= i < size}
+    if multiple > 1 and len(kept) % multiple:  # GPU matmuls want the head's rows a multiple of 8
+        ready = ({vocab[a + b] for a, b in merges if a + b in vocab and vocab.get(a) in kept and vocab.get(b) in kept}
+                 if kind == "BPE" else set(range(size)))
+        extra = [i for i in sorted(ready) if i not in kept]
+        kept.update(extra[:multiple - len(kept) % multiple])
+    return sorted(kept)
+
+
+def _merge_closure(kept: set[int], merges: list[tuple[str, str]], vocab: dict[str, int]) -> None:
+    """Both parts of every merge whose result is kept, until nothing changes: then every merge a kept text used
+    survives (a token it was built through was merged into a kept one), and no dropped merge (its result is not
+    kept) can have fired, so BPE's lowest-rank choice is what it was. Parts rank below what they make, so one pass
+    from the last merge back does it; the loop only confirms."""
+    changed = True
+    while changed:
+        changed = False
+        for a, b in reversed(merges):
+            if vocab.get(a + b) in kept:
+                for piece in (a, b):
+                    if piece in vocab and vocab[piece] not in kept:
+                        kept.add(vocab[piece])
+                        changed = True
 
 
 def _is_byte(token: str) -> bool:
@@ -126,7 +141,7 @@ def _ids(value: Any) -> list[int]:
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
-def trim_tokenizer(tokenizer: Any, kept: list[int]) -> Any:
+def trim_tokenizer(tokenizer: Any, kept: list[int], trust_remote_code: bool = False) -> Any:
     """A tokenizer of the kept ids (renumbered 0.. in their old order), loaded as the original's class."""
     from transformers import AutoTokenizer
 
@@ -146,6 +161,8 @@ def trim_tokenizer(tokenizer: Any, kept: list[int]) -> Any:
         token["id"] = new[token["id"]]
     if spec.get("post_processor"):
         spec["post_processor"] = _renumber(spec["post_processor"], new)
+    if spec.get("padding") and spec["padding"].get("pad_id") in new:
+        spec["padding"]["pad_id"] = new[spec["padding"]["pad_id"]]
     with tempfile.TemporaryDirectory() as folder:
         tokenizer.save_pretrained(folder)
         Path(folder, "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
@@ -154,7 +171,7 @@ def trim_tokenizer(tokenizer: Any, kept: list[int]) -> Any:
         if "added_tokens_decoder" in config:
             config["added_tokens_decoder"] = {str(new[int(k)]): v for k, v in config["added_tokens_decoder"].items()}
             config_file.write_text(json.dumps(config, ensure_ascii=False, indent=2))
-        trimmed = AutoTokenizer.from_pretrained(folder)
+        trimmed = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
     if len(trimmed) != len(kept):
         raise UserError(f"the trimmed tokenizer has {len(trimmed)} tokens, not the {len(kept)} kept")
     return trimmed
@@ -202,14 +219,18 @@ def trim_model(model: Any, kept: list[int]) -> None:
         part = getattr(model, side, lambda: None)()
         if part is not None and hasattr(part, "get_input_embeddings"):
             tables.append(part.get_input_embeddings())
+    tables = list({id(t): t for t in tables if t is not None}.values())  # BART's shared table is its stacks' too
+    head = model.get_output_embeddings()
+    sizes = {t.num_embeddings for t in tables} | ({head.out_features} if head is not None else set())
+    if sizes != {size}:  # checked before anything is cut
+        raise UserError(f"--trim-vocab keeps one vocabulary; this model's tables and LM head hold "
+                        f"{' and '.join(f'{n:,}' for n in sorted(sizes))} tokens (encoder and decoder of other "
+                        "vocabularies)")
     for table in tables:
-        if table is None or table.num_embeddings != size:
-            continue
         keep_rows(table.weight)
         table.num_embeddings = len(kept)
         if table.padding_idx is not None:
             table.padding_idx = new.get(table.padding_idx)
-    head = model.get_output_embeddings()
     if head is not None:
         keep_rows(head.weight)
         head.out_features = len(kept)
@@ -292,11 +313,12 @@ def _rules(tokenizer: Any) -> Any:
     return [spec.get("normalizer"), spec.get("pre_tokenizer"), spec.get("decoder"), model]
 
 
-def trim(model: Any, tokenizer: Any, texts: Iterable[str]) -> tuple[Any, list[int]]:
+def trim(model: Any, tokenizer: Any, texts: Iterable[str], trust_remote_code: bool = False) -> tuple[Any, list[int]]:
     """Trim `model` (in place) and `tokenizer` to the tokens `texts` use; returns the new tokenizer and the
     kept ids (the old ids, in order)."""
+    backend(tokenizer)  # a tokenizer that cannot be trimmed is refused before the corpus is read
     used = corpus_ids(tokenizer, texts)
     kept = kept_ids(tokenizer, used, [*_configs(model.config), model.generation_config])
-    trimmed = trim_tokenizer(tokenizer, kept)
+    trimmed = trim_tokenizer(tokenizer, kept, trust_remote_code)
     trim_model(model, kept)
     return trimmed, kept

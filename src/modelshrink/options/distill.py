@@ -38,7 +38,7 @@ class DistillOptions(TrainOptions):
     trim_vocab: bool = opt(False, "Keep in the student only the tokens the training data uses (documents and "
                                   "summaries), the special tokens and every single character: smaller embedding "
                                   "tables and LM head, the same tokens for the corpus' texts (MiniLM on the Debian "
-                                  "descriptions: 30,522 → 18k).", panel=START)
+                                  "descriptions: 30,522 → 19,792).", panel=START)
     layer_selection: str = opt("spaced", "spaced (first and last kept; 12→3 = 0,6,11; one layer = the last) or "
                                          "first.", panel=START, choices=("spaced", "first"))
     encoder_layer_ids: list[int] | None = opt(None, "Explicit teacher encoder layers, e.g. 0,6,11.", panel=START,

@@ -51,7 +51,7 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     rows, validation_rows = read_pairs_for(options)
     built = build_student(options, device, log)
     if options.trim_vocab:
-        built = trim_student(built, rows, log)
+        built = trim_student(built, rows, log, options.trust_remote_code)
     student, tokenizer = built["student"], built["tokenizer"]
     check_widths(built["teacher"], student, options)
     if options.gradient_checkpointing:
@@ -100,8 +100,8 @@ def model_card(options: DistillOptions, output: Path, origin: dict[str, Any], me
                      f"initialised as {start}), then fine-tuned.")
     if "vocabulary" in origin:
         v = origin["vocabulary"]
-        lines.append(f"Vocabulary trimmed to the {v['kept']:,} of {v['of']:,} tokens that the training data uses, "
-                     "with the special tokens and every single character (`--trim-vocab`).")
+        lines.append(f"Vocabulary trimmed to {v['kept']:,} of {v['of']:,} tokens (`--trim-vocab`): those the training "
+                     "data uses, the special tokens and every single character.")
     lines += ["", f"Parameters: {metrics['parameters']:,}" + (
         f" (teacher {metrics['teacher_parameters']:,}, {metrics['parameter_ratio']}× fewer)"
         if "teacher_parameters" in metrics else ""), "", "## Training", ""]

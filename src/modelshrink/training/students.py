@@ -54,6 +54,7 @@ def build_student(options: DistillOptions, device: str, log: Callable[[str], Non
             except UserError:
                 if options.word_level:
                     raise
+                tokenizer = None  # not the student's vocabulary: no map, now or after a trim
         if teacher is not None and options.word_level:
             why = tokenizer_mismatch(tokenizer, student_tokenizer) if vocab_map is None else None
             if why:
@@ -64,7 +65,8 @@ def build_student(options: DistillOptions, device: str, log: Callable[[str], Non
             maps = {"encoder": spaced_layer_ids(n_enc_t, n_enc_s, "encoder"),
                     "decoder": spaced_layer_ids(n_dec_t, n_dec_s, "decoder")}
         return {"teacher": teacher, "student": student, "tokenizer": student_tokenizer, "maps": maps,
-                "vocab_map": vocab_map, "origin": {"student": options.student}}
+                "vocab_map": vocab_map, "teacher_tokenizer": tokenizer if teacher is not None else None,
+                "origin": {"student": options.student}}
     n_enc, n_dec = layer_counts(teacher)
     pick = spaced_layer_ids if options.layer_selection == "spaced" else first_layer_ids
 
@@ -77,23 +79,24 @@ def build_student(options: DistillOptions, device: str, log: Callable[[str], Non
             "decoder": ids(options.decoder_layers, options.decoder_layer_ids, n_dec, "decoder")}
     student = shrink(teacher, maps["encoder"], maps["decoder"])
     log(f"student: encoder layers {maps['encoder']} of {n_enc}, decoder layers {maps['decoder']} of {n_dec}")
-    return {"teacher": teacher, "student": student, "tokenizer": tokenizer, "maps": maps,
+    return {"teacher": teacher, "student": student, "tokenizer": tokenizer, "maps": maps, "teacher_tokenizer": tokenizer,
             "origin": {"teacher": options.teacher, "layer_map": maps}}
 
 
-def trim_student(built: dict[str, Any], rows: list[Any], log: Callable[[str], None]) -> dict[str, Any]:
+def trim_student(built: dict[str, Any], rows: list[Any], log: Callable[[str], None],
+                 trust_remote_code: bool = False) -> dict[str, Any]:
     """`built` with its student and tokenizer trimmed to the tokens of the training rows (`--trim-vocab`,
     `models/vocabulary.py`), its `vocab_map` (student id -> teacher id) following, and what was kept."""
-    from modelshrink.models.vocabulary import trim
+    from modelshrink.models.vocabulary import teacher_ids, trim
 
     before = len(built["tokenizer"])
     texts = (text for r in rows for text in (r.document, r.reference))
-    tokenizer, kept = trim(built["student"], built["tokenizer"], texts)
-    old = built.get("vocab_map")
+    tokenizer, kept = trim(built["student"], built["tokenizer"], texts, trust_remote_code)
     log(f"vocabulary: {len(kept):,} of {before:,} tokens kept (those the {len(rows):,} training pairs use, the "
         "special tokens, every single character)")
-    return {**built, "tokenizer": tokenizer, "vocab_map": [old[k] for k in kept] if old else kept,
-            "vocabulary": {"kept": len(kept), "of": before}}
+    teacher_tokenizer = built.get("teacher_tokenizer")
+    vocab_map = teacher_ids(teacher_tokenizer, tokenizer) if teacher_tokenizer is not None else None
+    return {**built, "tokenizer": tokenizer, "vocab_map": vocab_map, "vocabulary": {"kept": len(kept), "of": before}}
 
 
 def student_metrics(student: Any, teacher: Any | None, result: TrainResult | None) -> dict[str, Any]:
