@@ -134,8 +134,12 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
     assert exporting.budget_of == "export" and 0 < graph < 0.5
     graph -= frontier.second_copy_mb(work / "teacher", 2)  # BART's shared table: quantize counts its second copy
     assert frontier.second_copy_mb(work / "teacher", 2) > 0
-    assert frontier.artifact_budget(exporting, 5.0, work / "budget-9x-d1", 1, said.append) == pytest.approx(5.0 - graph)
-    assert "onnx-228-fewer adds" in said[0]
+    budget = frontier.artifact_budget(exporting, 5.0, work / "budget-9x-d1", 1, said.append, work / "data" / "train.jsonl.gz")
+    probe = work / "onnx-probe-448-fewer"  # an untrained 4-4-8 of that depth: what 4-bit kernels add to the graph
+    four = frontier.graph_mb(exporting, probe, 4)
+    assert json.loads((work / "probe-448-fewer" / "config.json").read_text())["decoder_layers"] == 1
+    assert budget == pytest.approx(5.0 - max(graph, four)) and four > 0
+    assert "onnx-228-fewer and onnx-probe-448-fewer add up to" in said[-1]
     recorded = json.loads((work / "budget-4x-d1" / "modelshrink.json").read_text())["options"]["budget_mb"]
     assert frontier.artifact_budget(exporting, 5.0, work / "budget-4x-d1", 1, said.append) == recorded
     assert "budget-4x-d1 is finished under" in said[-1]
@@ -353,5 +357,12 @@ def test_an_export_budget_leaves_the_shared_tables_second_copy_to_quantize(tmp_p
     mb = frontier.artifact_budget(args, 5.249, tmp_path / "budget-10x", None, lines.append)
     assert mb == pytest.approx(5.249 - (3.872 - 3.047 - 0.4416))
     assert "--budget-of export" in lines[0]
+    # a 4-bit probe whose graph adds more sets the budget (the larger of the two is taken)
+    sizes = {"onnx-228": (3.872, 3.047), "onnx-probe-448": (6.0, 4.5)}
+    monkeypatch.setattr(frontier, "weight_mb", lambda kind, path: sizes[path.name][0])
+    monkeypatch.setattr(frontier, "artifact_mb", lambda path: sizes[path.name][1])
+    monkeypatch.setattr(frontier, "probe_448", lambda args, train, layers, log: tmp_path / "onnx-probe-448")
+    mb = frontier.artifact_budget(args, 5.249, tmp_path / "budget-10x", None, lines.append, tmp_path / "train.jsonl")
+    assert mb == pytest.approx(5.249 - (6.0 - 4.5 - 1.056))
     args.budget_of = "artifact"
     assert frontier.artifact_budget(args, 5.249, tmp_path / "budget-10x", None, lines.append) == 5.249
