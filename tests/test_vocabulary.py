@@ -234,3 +234,28 @@ def test_a_trimmed_student_exports_and_the_runtime_writes_its_tokens(family, pla
     assert report["validation"]["generation"]["equal"], report["validation"]["generation"]
     outputs = load(folder, threads=1).summarize(DOCUMENTS[:2], 2, 64)
     assert len(outputs) == 2 and all(isinstance(o, str) for o in outputs)
+
+
+def test_the_command_line_refuses_an_untrimmable_model_before_writing(tmp_path):
+    """A bert2bert whose halves have other vocabularies: one line, exit 1, no artifact and no staging folder."""
+    from transformers import BertConfig, EncoderDecoderConfig, EncoderDecoderModel
+
+    from conftest import bert_tokenizer
+    from modelshrink.artifacts import staging_path
+    from modelshrink.cli import app
+
+    tok = bert_tokenizer()
+    common = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    config = EncoderDecoderConfig.from_encoder_decoder_configs(
+        BertConfig(vocab_size=len(tok), **common),
+        BertConfig(vocab_size=len(tok) + 8, is_decoder=True, add_cross_attention=True, **common))
+    config.decoder_start_token_id, config.pad_token_id = tok.cls_token_id, tok.pad_token_id
+    EncoderDecoderModel(config).save_pretrained(tmp_path / "teacher")
+    tok.save_pretrained(tmp_path / "teacher")
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"document": d, "summary": s} for d, s in zip(DOCUMENTS, SUMMARIES)])
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["distill", str(pairs), "-o", str(out), "--teacher", str(tmp_path / "teacher"),
+                                      "--trim-vocab", "--max-steps", "1", "--batch-size", "4", "--device", "cpu"])
+    assert result.exit_code == 1, result.output
+    assert "other vocabularies" in result.stderr.strip().splitlines()[-1]
+    assert not out.exists() and not staging_path(out).exists()

@@ -303,6 +303,12 @@ def teacher_ids(teacher_tokenizer: Any, student_tokenizer: Any) -> list[int] | N
     return [teacher[t] for t, _ in by_id]
 
 
+def in_teacher_ids(index: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """A trimmed student's ids (`index`: the teacher's id of each, on their device) in the teacher's; negative ids
+    (-100, labels left out of a loss) stay as they are."""
+    return torch.where(ids < 0, ids, index[ids.clamp(min=0)])
+
+
 def _rules(tokenizer: Any) -> Any:
     """What splits text into tokens, apart from the vocabulary: a trimmed tokenizer keeps it."""
     fast = getattr(tokenizer, "backend_tokenizer", None)

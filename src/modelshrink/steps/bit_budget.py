@@ -45,10 +45,10 @@ def seq2seq_objective(rows: list[Any], tokenizer: Any, teacher: Any, max_source_
     def targets(batch: dict[str, Any]) -> torch.Tensor:
         if vocab_map is None:
             return logits(teacher, batch)
+        from modelshrink.models.vocabulary import in_teacher_ids
+
         index = torch.tensor(vocab_map, dtype=torch.long, device=batch["input_ids"].device)
-        labels = batch["labels"]
-        mapped = {**batch, "input_ids": index[batch["input_ids"]],
-                  "labels": torch.where(labels == -100, labels, index[labels.clamp(min=0)])}
+        mapped = {**batch, **{k: in_teacher_ids(index, batch[k]) for k in ("input_ids", "labels")}}
         return logits(teacher, mapped).index_select(-1, index)
 
     return batches, targets, loss

@@ -88,6 +88,12 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
     # The head's matmul in the autocast dtype, as the model's own head runs (autocast ends with the forward).
     compute_dtype = torch_dtype(options.precision)
     to_teacher = torch.tensor(vocab_map, dtype=torch.long) if vocab_map is not None else None
+    placed: dict[Any, torch.Tensor] = {}
+
+    def on_device(device: Any) -> torch.Tensor:  # the map copied to the batch's device once, not every step
+        if device not in placed:
+            placed[device] = to_teacher.to(device)
+        return placed[device]
 
     def cross_entropy(model: Any, core: Any, inputs: dict[str, Any], labels: torch.Tensor) -> tuple[Any, torch.Tensor]:
         head = lm_head.find(core) if fused else None
@@ -110,9 +116,13 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
         total, parts = ce, {"ce": ce.detach()}
         if teacher is not None and options.word_level:
             with torch.no_grad(), lm_head.bypassed(lm_head.find(teacher) if fused else None):
-                t = teacher(**(inputs if to_teacher is None else teacher_inputs(inputs, to_teacher)))
+                if to_teacher is None:
+                    t = teacher(**inputs)
+                else:
+                    index = on_device(batch["input_ids"].device)
+                    t = teacher(**teacher_inputs(inputs, index))
             if to_teacher is not None and options.kd_logits is not None:
-                t.logits = t.logits.index_select(-1, to_teacher.to(t.logits.device))
+                t.logits = t.logits.index_select(-1, index)
             target_mask = (batch["labels"] != -100).long()
             source_mask = batch["attention_mask"]
             if options.kd_logits == "kl":
@@ -144,10 +154,11 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
     return loss_fn
 
 
-def teacher_inputs(inputs: dict[str, Any], to_teacher: torch.Tensor) -> dict[str, Any]:
-    """A trimmed student's batch in its teacher's ids."""
-    index = to_teacher.to(inputs["input_ids"].device)
-    return {**inputs, "input_ids": index[inputs["input_ids"]], "decoder_input_ids": index[inputs["decoder_input_ids"]]}
+def teacher_inputs(inputs: dict[str, Any], index: torch.Tensor) -> dict[str, Any]:
+    """A trimmed student's batch in its teacher's ids (`index`: the teacher's id of each, on the batch's device)."""
+    from modelshrink.models.vocabulary import in_teacher_ids
+
+    return {**inputs, **{k: in_teacher_ids(index, inputs[k]) for k in ("input_ids", "decoder_input_ids")}}
 
 
 def make_validate(rows: list[Any], tokenizer: Any, options: DistillOptions, max_source_length: int, device: Any):
