@@ -87,13 +87,7 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
     fused = options.fused_cross_entropy is not False and options.kd_logits is None and not options.compile
     # The head's matmul in the autocast dtype, as the model's own head runs (autocast ends with the forward).
     compute_dtype = torch_dtype(options.precision)
-    to_teacher = torch.tensor(vocab_map, dtype=torch.long) if vocab_map is not None else None
-    placed: dict[Any, torch.Tensor] = {}
-
-    def on_device(device: Any) -> torch.Tensor:  # the map copied to the batch's device once, not every step
-        if device not in placed:
-            placed[device] = to_teacher.to(device)
-        return placed[device]
+    to_teacher = placed_map(vocab_map) if vocab_map is not None else None
 
     def cross_entropy(model: Any, core: Any, inputs: dict[str, Any], labels: torch.Tensor) -> tuple[Any, torch.Tensor]:
         head = lm_head.find(core) if fused else None
@@ -116,12 +110,9 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
         total, parts = ce, {"ce": ce.detach()}
         if teacher is not None and options.word_level:
             with torch.no_grad(), lm_head.bypassed(lm_head.find(teacher) if fused else None):
-                if to_teacher is None:
-                    t = teacher(**inputs)
-                else:
-                    index = on_device(batch["input_ids"].device)
-                    t = teacher(**teacher_inputs(inputs, index))
-            if to_teacher is not None and options.kd_logits is not None:
+                index = to_teacher(batch["input_ids"].device) if to_teacher is not None else None
+                t = teacher(**(inputs if index is None else teacher_inputs(inputs, index)))
+            if index is not None and options.kd_logits is not None:
                 t.logits = t.logits.index_select(-1, index)
             target_mask = (batch["labels"] != -100).long()
             source_mask = batch["attention_mask"]
@@ -152,6 +143,18 @@ def make_loss(options: DistillOptions, teacher: Any, maps: dict[str, list[int]] 
         return total, parts
 
     return loss_fn
+
+
+def placed_map(vocab_map: list[int]) -> Callable[[Any], torch.Tensor]:
+    """device -> the teacher's id of each student id there, copied to each device once, not every step."""
+    index, placed = torch.tensor(vocab_map, dtype=torch.long), {}
+
+    def on(device: Any) -> torch.Tensor:
+        if device not in placed:
+            placed[device] = index.to(device)
+        return placed[device]
+
+    return on
 
 
 def teacher_inputs(inputs: dict[str, Any], index: torch.Tensor) -> dict[str, Any]:
