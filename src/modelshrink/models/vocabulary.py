@@ -1,4 +1,4 @@
-"""A seq2seq model's vocabulary trimmed to the tokens a corpus uses (`distill --trim-vocab`).
+"""A model's vocabulary trimmed to the tokens a corpus uses (`distill --trim-vocab`, `contrastive --trim-vocab`).
 
 A pretrained vocabulary is larger than any one task needs: MiniLM's 30,522 WordPiece rows, of which the 46k
 Debian descriptions and their synopses use 17,982; BART's 50,265; mBART's 250,027 for 50 languages. Each row is
@@ -21,7 +21,8 @@ where a piece it used is gone. The kept model's logits are the old model's logit
 (tested for every family).
 
 `teacher_ids` maps a trimmed student's ids to its teacher's by token, so that word-level losses still compare
-the two (the teacher reads the same text in its own ids, and its logits are taken at the student's tokens).
+the two (the teacher reads the same text in its own ids, and its logits are taken at the student's tokens);
+`TeacherInOwnIds` is a classifier teacher that reads a trimmed student's batches that way.
 """
 
 from __future__ import annotations
@@ -245,13 +246,19 @@ def trim_model(model: Any, kept: list[int]) -> None:
         for name in ("vocab_size", "decoder_vocab_size"):
             if getattr(config, name, None) == size:
                 setattr(config, name, len(kept))
-    for config in [*_configs(model.config), model.generation_config]:
+    for config in _all_configs(model):
         _renumber_config(config, new)
 
 
 def _configs(config: Any) -> list[Any]:
     return [config] + [c for c in (getattr(config, "encoder", None), getattr(config, "decoder", None))
                        if c is not None and hasattr(c, "to_dict")]
+
+
+def _all_configs(model: Any) -> list[Any]:
+    """The model's configs and its generation config, where it has one (a classifier has none)."""
+    generation = getattr(model, "generation_config", None) if model.can_generate() else None
+    return _configs(model.config) + ([generation] if generation is not None else [])
 
 
 def _renumber_config(config: Any, new: dict[int, int]) -> None:
@@ -309,6 +316,37 @@ def in_teacher_ids(index: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return torch.where(ids < 0, ids, index[ids.clamp(min=0)])
 
 
+class TeacherInOwnIds(torch.nn.Module):
+    """A frozen teacher called with a trimmed student's batches: their `input_ids` (student ids) become its own
+    (`index`, the teacher's id of each student id, a buffer that follows the teacher's device) before it reads
+    them. Every other attribute (`config`, `set_attn_implementation`, ...) is the teacher's."""
+
+    def __init__(self, teacher: torch.nn.Module, index: list[int]) -> None:
+        super().__init__()
+        self.teacher = teacher
+        self.register_buffer("index", torch.tensor(index, dtype=torch.long), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, **inputs: Any) -> Any:
+        return self.teacher(input_ids=in_teacher_ids(self.index, input_ids), **inputs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("teacher"), name)
+
+
+def reading_student_ids(teacher: torch.nn.Module, teacher_tokenizer: Any, student_tokenizer: Any
+                        ) -> torch.nn.Module | None:
+    """The teacher where the two vocabularies are the same; where the student's is trimmed from the teacher's,
+    the teacher reading the student's ids (`TeacherInOwnIds`); None where it is neither."""
+    try:
+        index = teacher_ids(teacher_tokenizer, student_tokenizer)
+    except UserError:
+        return None
+    return teacher if index is None else TeacherInOwnIds(teacher, index)
+
+
 def _rules(tokenizer: Any) -> Any:
     """What splits text into tokens, apart from the vocabulary: a trimmed tokenizer keeps it."""
     fast = getattr(tokenizer, "backend_tokenizer", None)
@@ -324,7 +362,7 @@ def trim(model: Any, tokenizer: Any, texts: Iterable[str], trust_remote_code: bo
     kept ids (the old ids, in order)."""
     backend(tokenizer)  # a tokenizer that cannot be trimmed is refused before the corpus is read
     used = corpus_ids(tokenizer, texts)
-    kept = kept_ids(tokenizer, used, [*_configs(model.config), model.generation_config])
+    kept = kept_ids(tokenizer, used, _all_configs(model))
     trimmed = trim_tokenizer(tokenizer, kept, trust_remote_code)
     trim_model(model, kept)
     return trimmed, kept

@@ -9,7 +9,6 @@ which is how a user with only an encoder makes the teacher. Both go through the 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +24,7 @@ from modelshrink.options.batching import resolve_batching
 from modelshrink.options.contrastive import ContrastiveOptions
 from modelshrink.training.runs import TrainingRun, parent_refs, save_best_with, training_metrics
 from modelshrink.training.loop import enable_gradient_checkpointing, place_teacher, train
+from modelshrink.training.teacher_cache import cache_teacher
 
 # ---------------------------------------------------------------- labels
 
@@ -174,64 +174,6 @@ def _check_features(teacher: Any, examples: list[dict[str, Any]], collate: Calla
     return {kind: {str(k): v for k, v in values.items()} for kind, values in spread.items()}
 
 
-def teacher_outputs(teacher: Any, examples: list[dict[str, Any]], collate: Callable[[list[dict[str, Any]]], dict[str, Any]],
-                    pairs: list[tuple[int, int]], pooling: str, device: Any, batch_size: int = 64,
-                    progress: Callable[[int, int], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The frozen teacher's logits [N, C] and features [N, M, d] (float32, on the CPU) for every
-    example, computed once. Under a launcher each process runs its share (every W-th sentence) and
-    the shares are gathered, so every process ends with the whole table."""
-    import torch.distributed as dist
-
-    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    mine = list(range(rank, len(examples), world))
-    mine.sort(key=lambda i: examples[i]["length"])  # similar lengths together: little padding
-    teacher_layers = [t for _, t in pairs]
-    logits = [torch.zeros(0, teacher.config.num_labels)]
-    features = [torch.zeros(0, len(pairs), teacher.config.hidden_size if pairs else 0)]
-    with torch.no_grad():
-        for start in range(0, len(mine), batch_size):
-            chunk = mine[start:start + batch_size]
-            batch = collate([examples[i] for i in chunk])
-            inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
-            out = teacher(**inputs, output_hidden_states=bool(pairs))
-            z = (torch.stack(layer_features(out.hidden_states, teacher_layers, pooling, inputs["attention_mask"]), 1)
-                 if pairs else out.logits.new_zeros(len(chunk), 0, 0))
-            logits.append(out.logits.float().cpu())
-            features.append(z.float().cpu())
-            if progress is not None:
-                progress(min(start + batch_size, len(mine)), len(mine))
-    order = torch.tensor(mine, dtype=torch.long)
-    local_logits, local_features = torch.cat(logits), torch.cat(features)
-    if distributed:  # pad every share to the longest (one sentence at most), gather, drop the padding
-        width = (len(examples) + world - 1) // world
-        gathered = []
-        for t in (order, local_logits, local_features):
-            padded = t.new_zeros((width, *t.shape[1:]))
-            padded[:t.shape[0]] = t
-            on_device = padded.to(device)
-            parts = [torch.zeros_like(on_device) for _ in range(world)]
-            dist.all_gather(parts, on_device)
-            gathered.append([p.cpu()[:len(range(r, len(examples), world))] for r, p in enumerate(parts)])
-        order, local_logits, local_features = (torch.cat(g) for g in gathered)
-    table_logits = torch.empty((len(examples), *local_logits.shape[1:]))
-    table_features = torch.empty((len(examples), *local_features.shape[1:]))
-    table_logits[order], table_features[order] = local_logits, local_features
-    return table_logits, table_features
-
-
-def with_cached_teacher(collate: Callable[[list[dict[str, Any]]], dict[str, Any]], logits: torch.Tensor,
-                        features: torch.Tensor) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
-    """A collate that adds each example's cached teacher rows (examples carry their `index`)."""
-    def collate_cached(batch: list[dict[str, Any]]) -> dict[str, Any]:
-        out = collate(batch)
-        rows = torch.tensor([b["index"] for b in batch], dtype=torch.long)
-        out["teacher_logits"], out["teacher_features"] = logits[rows], features[rows]
-        return out
-
-    return collate_cached
-
-
 # ---------------------------------------------------------------- the step
 
 def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: bool = False, resume: bool = False,
@@ -250,7 +192,7 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     ```
     """
     from modelshrink.training import classify
-    from modelshrink.models.loading import resolve_device, save_model, source_length, task_of
+    from modelshrink.models.loading import resolve_device, save_model, source_length
 
     options = resolve_batching(options, resolve_device(options.device))
     run = TrainingRun("contrastive", options, output, overwrite=overwrite, resume=resume, log=log)
@@ -259,15 +201,11 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     accelerator = run.start(resolve_device(options.device))
     main = run.main
 
-    built = build_models(options, log)
+    built, task, rows, validation = _models_and_data(options, log)
     teacher, student, tokenizer = built["teacher"], built["student"], built["tokenizer"]
-    task = task_of(student.config)
-    rows = _read(options.data, options.split, options.limit, options, student.config, task)
-    validation = (_read(options.validation, options.validation_split, options.eval_limit, options, student.config,
-                        task) if options.validation else None)
     resolved: dict[str, Any] = {"task": task, "layer_map": built["layer_ids"],
                                 "layers_from": None if built["layer_ids"] is None else
-                                ("student" if options.student else "teacher")}
+                                ("student" if options.student else "teacher"), "vocabulary": built.get("vocabulary")}
     if task != "classification" and options.metric in CLASSIFICATION_METRICS:
         options.metric = "pearson"
     distilling = not options.finetune
@@ -298,7 +236,8 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
         resolved["feature_cosine"] = _check_features(teacher, examples, collate, pairs, options.feature_pooling,
                                                      accelerator.device, log)
     if teacher is not None and options.teacher_cache:
-        collate = _cache_teacher(teacher, examples, collate, pairs, options, accelerator.device, log, resolved)
+        collate = cache_teacher(teacher, examples, collate, pairs, options.feature_pooling, accelerator.device,
+                                log, resolved)
         teacher = None
 
     def save(objective: Any, folder: Path) -> None:
@@ -314,6 +253,41 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
         return run.output
     run.keep_best(result, lambda folder: save(objective, folder))
     return _commit(run, objective, built, result, teacher_validation, resolved)
+
+
+def _models_and_data(options: ContrastiveOptions, log: Callable[[str], None]
+                     ) -> tuple[dict[str, Any], str, list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The models (`build_models`, trimmed to the training sentences with --trim-vocab), the task, the training
+    rows and the validation rows (None without --validation)."""
+    from modelshrink.models.loading import task_of
+
+    built = build_models(options, log)
+    config = built["student"].config
+    task = task_of(config)
+    rows = _read(options.data, options.split, options.limit, options, config, task)
+    if options.trim_vocab:
+        built = trim_student(built, rows, log, options.trust_remote_code)
+    validation = (_read(options.validation, options.validation_split, options.eval_limit, options, config, task)
+                  if options.validation else None)
+    return built, task, rows, validation
+
+
+def trim_student(built: dict[str, Any], rows: list[dict[str, Any]], log: Callable[[str], None],
+                 trust_remote_code: bool = False) -> dict[str, Any]:
+    """`built` with its student and tokenizer trimmed to the tokens of the training sentences (`--trim-vocab`,
+    `models/vocabulary.py`); the teacher, if any, reads the student's batches in its own ids."""
+    from modelshrink.models.vocabulary import TeacherInOwnIds, teacher_ids, trim
+
+    before = len(built["tokenizer"])
+    texts = (text for r in rows for text in (r["text"], r["text_pair"]) if text is not None)
+    tokenizer, kept = trim(built["student"], built["tokenizer"], texts, trust_remote_code)
+    log(f"vocabulary: {len(kept):,} of {before:,} tokens kept (those the {len(rows):,} training sentences use, the "
+        "special tokens, every single character)")
+    teacher = built["teacher"]
+    index = teacher_ids(built["tokenizer"], tokenizer) if teacher is not None else None
+    if index is not None:
+        teacher = TeacherInOwnIds(teacher, index)
+    return {**built, "teacher": teacher, "tokenizer": tokenizer, "vocabulary": {"kept": len(kept), "of": before}}
 
 
 def _objective(options: ContrastiveOptions, built: dict[str, Any], distilling: bool,
@@ -388,21 +362,6 @@ def _feature_pairs(options: ContrastiveOptions, teacher: Any, student: Any,
     return pairs
 
 
-def _cache_teacher(teacher: Any, examples: list[dict[str, Any]], collate: Callable, pairs: list[tuple[int, int]],
-                   options: ContrastiveOptions, device: Any, log: Callable[[str], None],
-                   resolved: dict[str, Any]) -> Callable:
-    """The teacher's logits and features computed once; a collate that hands them out by example."""
-    started = time.perf_counter()
-    for i, example in enumerate(examples):
-        example["index"] = i
-    logits, features = teacher_outputs(teacher, examples, collate, pairs, options.feature_pooling, device)
-    size = (logits.numel() + features.numel()) * 4
-    log(f"teacher outputs cached for {len(examples):,} sentences ({size / 2**20:.1f} MiB) in "
-        f"{time.perf_counter() - started:.0f} s")
-    resolved["teacher_cache_bytes"] = size
-    return with_cached_teacher(collate, logits, features)
-
-
 def model_card(options: ContrastiveOptions, output: Path, built: dict[str, Any], metrics: dict[str, Any],
                resolved: dict[str, Any]) -> str:
     if built["layer_ids"] is not None and options.student is not None:
@@ -427,6 +386,9 @@ def model_card(options: ContrastiveOptions, output: Path, built: dict[str, Any],
              f"Parameters: {metrics['parameters']:,}" + (
                  f" (teacher {metrics['teacher_parameters']:,}, {metrics['parameter_ratio']}× fewer)"
                  if "teacher_parameters" in metrics else ""), "",
+             *([f"Vocabulary trimmed to {v['kept']:,} of {v['of']:,} tokens (`--trim-vocab`): those the training "
+                "sentences use, the special tokens and every single character.", ""]
+               if (v := resolved.get("vocabulary")) else []),
              f"Loss: {' + '.join(weights[t] for t in options.terms())}"
              + (f"; {'[CLS]' if options.feature_pooling == 'cls' else 'token-mean'} features at (student, teacher) "
                 f"layers {resolved['feature_pairs']}" if resolved.get("feature_pairs") else "")

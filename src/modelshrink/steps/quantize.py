@@ -351,15 +351,16 @@ def _classifier_rows(options: QuantizeOptions, config: Any) -> tuple[list[Any], 
 
 
 def _classifier_pair(models: Models) -> tuple[Any, Any, Any]:
-    """(teacher, student, tokenizer) on the CPU: the full-precision teacher and the model to quantize, refused in one
-    line where their tokenizers or labels differ."""
+    """(teacher, student, tokenizer) on the CPU, refused in one line where their labels or tokenizers differ (a model
+    trimmed from the teacher's vocabulary by `contrastive --trim-vocab` gets a teacher that reads its ids)."""
     from modelshrink.models.loading import load_classifier, tokenizer_mismatch
+    from modelshrink.models.vocabulary import reading_student_ids
 
-    teacher, teacher_tok = load_classifier(models.teacher)
-    student, tokenizer = load_classifier(models.model)
+    (teacher, teacher_tok), (student, tokenizer) = load_classifier(models.teacher), load_classifier(models.model)
     why = tokenizer_mismatch(teacher_tok, tokenizer)
-    if why:
-        raise UserError(f"teacher and student tokenizers differ ({why}); the distillation losses need the same one")
+    if why and (teacher := reading_student_ids(teacher, teacher_tok, tokenizer)) is None:
+        raise UserError(f"teacher and student tokenizers differ ({why}); the distillation losses need the same one "
+                        "(or one trimmed from it)")
     if teacher.config.num_labels != student.config.num_labels:
         raise UserError(f"teacher has {teacher.config.num_labels} labels, the model {student.config.num_labels}")
     return teacher, student, tokenizer
