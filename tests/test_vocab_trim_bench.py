@@ -1,5 +1,6 @@
 """benchmarks/vocab_trim.py runs end to end on the bundled sample (the packaged MiniLM's 6+3 student with and
-without --trim-vocab) and reports the trimmed student smaller in every form."""
+without --trim-vocab, PyTorch and exported at 2-2-8 and 4-4-8, beside the teacher) and reports the trimmed student
+smaller in every form."""
 
 from __future__ import annotations
 
@@ -20,7 +21,11 @@ def test_vocab_trim_smoke_run_reports_a_smaller_student(monkeypatch, capsys):
     out = capsys.readouterr().out
     rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in out.splitlines() if line.startswith("| ")
             and line[2:3] in "3t"}
-    assert set(rows) == {"30,522 tokens", "30,522 tokens, 2-2-8", "trimmed", "trimmed, 2-2-8"}
+    forms = [f"{v}{form}" for v in ("30,522 tokens", "trimmed") for form in ("", ", 2-2-8", ", 2-2-8 ONNX",
+                                                                              ", 4-4-8 ONNX")]
+    assert set(rows) == {"teacher 6+6", *forms}
     mb = {name: float(cells[2]) for name, cells in rows.items()}
-    assert mb["trimmed"] < mb["30,522 tokens"] and mb["trimmed, 2-2-8"] < mb["30,522 tokens, 2-2-8"]
+    for form in ("", ", 2-2-8", ", 2-2-8 ONNX", ", 4-4-8 ONNX"):
+        assert mb[f"trimmed{form}"] < mb[f"30,522 tokens{form}"], form
+    assert float(rows["teacher 6+6"][4].strip(" |")) == 1.0  # the speed-up column is against the teacher
     assert "of 30,522 tokens kept" in out and "Validation summaries' tokens the trimmed vocabulary lacks" in out
