@@ -13,7 +13,8 @@ and the validation summaries' tokens the trimmed vocabulary lacks (which it can 
 target is a form ≥ 5× faster at batch 1 than the teacher in PyTorch, the untrained 6+6 teacher runs beside them,
 and the students' 2-2-8 and 4-4-8 artifacts (between which a budget form's mix of 2 and 4 bits falls) are
 exported (`export --no-validate`: untrained weights, only the kernels' speed is read) and run by the torch-free
-runtime the same way.
+runtime the same way, on all cores and on one thread (at batch 1 a small graph's operators are too small to gain
+from a second thread, and waking it costs more).
 """
 
 from __future__ import annotations
@@ -69,12 +70,13 @@ def make(work: Path, train: Path, log) -> dict[str, tuple[str, Path]]:
     return forms
 
 
-def runner(kind: str, path: Path, tokens: int):
-    """document -> token ids, beam 4, exactly `tokens` tokens (no EOS), in PyTorch or the torch-free runtime."""
+def runner(kind: str, path: Path, tokens: int, threads: int | None = None):
+    """document -> token ids, beam 4, exactly `tokens` tokens (no EOS), in PyTorch or the torch-free runtime (on
+    `threads` threads, all cores by default)."""
     if kind == "onnx":
         from modelshrink.runtime import load
 
-        runtime = load(path, threads=len(os.sched_getaffinity(0)))
+        runtime = load(path, threads=threads or len(os.sched_getaffinity(0)))
         settings = runtime.settings(num_beams=4, min_length=tokens + 1, max_length=tokens + 1, eos_token_id=(),
                                     no_repeat_ngram_size=0)
 
@@ -103,6 +105,8 @@ def latency(forms: dict[str, tuple[str, Path]], docs: list[str], tokens: int, ro
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     runs = {name: runner(kind, path, tokens) for name, (kind, path) in forms.items()}
+    runs.update({f"{name}, 1 thread": runner(kind, path, tokens, threads=1) for name, (kind, path) in forms.items()
+                 if kind == "onnx"})  # at batch 1 a small graph runs faster without a second thread to wake
     for run in runs.values():
         run(docs[0])
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -147,9 +151,10 @@ def main(argv: list[str] | None = None) -> None:
              f"{args.tokens} tokens a summary, {args.docs} validation documents × {args.rounds} rounds, taking turns "
              "(PyTorch, or the torch-free runtime for ONNX).",
              "", "| form | parameters | MB | batch-1 p50 ms | × faster than the teacher |", "|---|---|---|---|---|"]
-    for name in forms:
-        params = meta[name].get("metrics", {}).get("parameters")
-        lines.append(f"| {name} | {f'{params:,}' if params else ''} | {size[name]:.2f} | {ms[name]:.0f} | "
+    for name in ms:
+        form = name.removesuffix(", 1 thread")
+        params = meta[form].get("metrics", {}).get("parameters")
+        lines.append(f"| {name} | {f'{params:,}' if params else ''} | {size[form]:.2f} | {ms[name]:.0f} | "
                      f"{teacher / ms[name]:.2f} |")
     lines += ["", f"Trimmed over full: {size['trimmed'] / size['30,522 tokens']:.2f}× the float32 bytes, "
               f"{size['trimmed, 2-2-8'] / size['30,522 tokens, 2-2-8']:.2f}× the 2-2-8 bytes, "

@@ -30,7 +30,7 @@ def bart_export(plain_models, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("option", ["--batch-size", "--max-length", "--limit", "--num-beams"])
+@pytest.mark.parametrize("option", ["--batch-size", "--max-length", "--limit", "--num-beams", "--threads"])
 def test_run_refuses_a_number_below_one_naming_the_option(option, bart_export, docs_jsonl):
     result = runner.invoke(app, ["run", str(bart_export), "--input", str(docs_jsonl), option, "0"])
     _one_line(result, 2, f"{option} must be >= 1, got 0")

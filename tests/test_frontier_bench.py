@@ -5,6 +5,7 @@ same on a tiny Marian, scored by BLEU and chrF; --task chooses its defaults."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -66,6 +67,9 @@ def test_frontier_tiny_run_makes_scores_and_measures_every_form(tmp_path, monkey
         assert set(got["scores"]) == {"rouge1", "rouge2", "rougeL"} and len(got["ci95"]["rougeL"]) == 2, name
         assert min(got[k] for k in ("mb", "rss_mb", "p50_ms", "p50_alone_ms", "docs_s")) > 0, name
         assert (got["against_teacher"] is None) == (name == "teacher, PyTorch"), name
+        # batch 1: each export on the threads it was fastest on, a PyTorch form on every core
+        cores = len(os.sched_getaffinity(0))
+        assert got["batch1_threads"] in ({None} if forms[name][0] != "onnx" or cores == 1 else {1, cores}), name
     # each form was scored as soon as it was made, and recorded then: the table's scores are those; the forms
     # are made in the order issue 55's verdicts need them: the fewer-layer forms, the student (D 1) and its budget
     # form, then the forms of every layer

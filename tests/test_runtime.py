@@ -82,6 +82,8 @@ def test_run_command_prints_one_prediction_per_line(exported, docs_jsonl):
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in result.stdout.strip().splitlines()]
     assert [r["id"] for r in rows] == ["doc-0", "doc-1", "doc-2"] and all(isinstance(r["prediction"], str) for r in rows)
+    one = runner.invoke(app, ["run", str(export_path), "--input", str(docs_jsonl), "--limit", "3", "--threads", "1"])
+    assert one.exit_code == 0 and one.stdout == result.stdout  # one thread writes the same summaries
     bad = runner.invoke(app, ["run", str(docs_jsonl.parent), "--input", str(docs_jsonl)])
     assert bad.exit_code == 1 and "not an export folder" in bad.output
 
@@ -90,13 +92,19 @@ def test_run_command_prints_one_prediction_per_line(exported, docs_jsonl):
 def test_eval_scores_an_export_folder_like_its_model(exported, docs_jsonl, tmp_path):
     model_path, export_path = exported["bart"]
     common = ["--batch-size", "4", "--latency-docs", "2", "--resamples", "100"]
-    a = runner.invoke(app, ["eval", str(export_path), str(docs_jsonl), "-o", str(tmp_path / "e-onnx"), *common])
+    a = runner.invoke(app, ["eval", str(export_path), str(docs_jsonl), "-o", str(tmp_path / "e-onnx"), *common,
+                            "--threads", "1"])
     b = runner.invoke(app, ["eval", str(model_path), str(docs_jsonl), "-o", str(tmp_path / "e-torch"), *common])
     assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
     metrics = json.loads((tmp_path / "e-onnx" / "metrics.json").read_text())
     torch_metrics = json.loads((tmp_path / "e-torch" / "metrics.json").read_text())
     assert metrics["rouge1"] == torch_metrics["rouge1"]
     assert metrics["efficiency"]["latency_ms_p50"] > 0 and metrics["efficiency"]["bytes_on_disk"] > 0
+    assert metrics["efficiency"]["threads"] == 1
+    refused = runner.invoke(app, ["eval", str(model_path), str(docs_jsonl), "-o", str(tmp_path / "e-t"), *common,
+                                  "--threads", "1"])
+    assert refused.exit_code == 1 and "--threads sets an export folder's" in refused.output
+    assert not (tmp_path / "e-t").exists()
     predictions = lambda d: [json.loads(x)["prediction"] for x in (d / "predictions.jsonl").read_text().splitlines()]  # noqa: E731
     assert predictions(tmp_path / "e-onnx") == predictions(tmp_path / "e-torch")
 

@@ -8,6 +8,8 @@ PyTorch model. Each entry point returns (rows, efficiency, resolved extras[, tok
 
 from __future__ import annotations
 
+import os
+
 import shutil
 import time
 from pathlib import Path
@@ -32,7 +34,8 @@ def _export_efficiency(options: EvalOptions, runtime: Any, timing: dict[str, Any
     from modelshrink.models.efficiency import weight_bytes
 
     return {"parameters": runtime.parameter_count(), "bytes_on_disk": weight_bytes(options.model),
-            **_throughput(timing, options, launch), "device": "cpu (onnxruntime)"}
+            **_throughput(timing, options, launch), "device": "cpu (onnxruntime)",
+            "threads": options.threads or len(os.sched_getaffinity(0))}
 
 
 def _in_order(items: list[Any], batch_size: int) -> Iterator[Any]:
@@ -180,7 +183,7 @@ def _summarize_with_export(options: EvalOptions, docs: list[Any], staging: Path,
     for name in ("max_tokens", "dtype", "generator"):
         if getattr(options, name) != EvalOptions.__dataclass_fields__[name].default:
             raise UserError(f"--{name.replace('_', '-')} applies to a PyTorch model; an export folder runs as exported")
-    runtime = load(options.model)
+    runtime = load(options.model, threads=options.threads)
     tokenizer = load_tokenizer(options.model, "export")
     overrides = dict(num_beams=options.num_beams, length_penalty=options.length_penalty,
                      min_length=options.min_length, max_length=options.max_length,
@@ -291,7 +294,7 @@ def _classify_with_export(options: EvalOptions, task: str, staging: Path, launch
 
     if options.dtype != "fp32":
         raise UserError("--dtype applies to a PyTorch model; an export folder runs as exported")
-    runtime = load(options.model)
+    runtime = load(options.model, threads=options.threads)
     config = runtime.config
     items = _read_items(options, task, len(config.get("id2label") or {}) or None, config.get("label2id"))
 

@@ -40,7 +40,7 @@ def read_rows(path: str, column: str | None) -> tuple[list[dict[str, Any]], str]
 
 
 # The numbers the command line takes, each >= 1 (as every modelshrink command takes them)
-POSITIVE = ("limit", "batch_size", "num_beams", "max_length")
+POSITIVE = ("limit", "batch_size", "num_beams", "max_length", "threads")
 
 
 def number_problem(**values: int | None) -> str | None:
@@ -53,14 +53,14 @@ def number_problem(**values: int | None) -> str | None:
 
 
 def run_file(folder: str, input_path: str, column: str | None = None, limit: int | None = None,
-             batch_size: int = 16, **overrides: Any) -> Iterable[dict[str, Any]]:
-    """Rows {id, prediction} for a JSON-lines file, in input order."""
+             batch_size: int = 16, threads: int | None = None, **overrides: Any) -> Iterable[dict[str, Any]]:
+    """Rows {id, prediction} for a JSON-lines file, in input order, on `threads` threads (all cores by default)."""
     from .model import load
 
-    problem = number_problem(limit=limit, batch_size=batch_size, **overrides)
+    problem = number_problem(limit=limit, batch_size=batch_size, threads=threads, **overrides)
     if problem:
         raise UserError(problem)
-    model = load(folder)
+    model = load(folder, threads=threads)
     rows, column = read_rows(input_path, column)
     rows = rows[:limit] if limit else rows
     texts = [str(r[column]) for r in rows]
@@ -90,6 +90,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m modelshrink.runti
     parser.add_argument("--batch-size", type=int, default=16, help="Documents per batch.")
     parser.add_argument("--num-beams", type=int, default=None, help="Beam size. [default: the generation config's]")
     parser.add_argument("--max-length", type=int, default=None, help="Maximum summary length in tokens.")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="Threads of each onnxruntime session. [default: every core] One is faster for a small "
+                             "model at --batch-size 1 (a 6+3 MiniLM student: 1.15x on 2 cores), every core at 16.")
     if argv is None:
         argv = sys.argv[1:]
     if not argv:
@@ -97,12 +100,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m modelshrink.runti
         return 2
     args = parser.parse_args(argv)
     problem = number_problem(limit=args.limit, batch_size=args.batch_size, num_beams=args.num_beams,
-                             max_length=args.max_length)
+                             max_length=args.max_length, threads=args.threads)
     if problem:
         print(f"Error: {problem}", file=sys.stderr)
         return 2
     try:
-        for row in run_file(args.folder, args.input, args.column, args.limit, args.batch_size,
+        for row in run_file(args.folder, args.input, args.column, args.limit, args.batch_size, args.threads,
                             num_beams=args.num_beams, max_length=args.max_length):
             print(json.dumps(row, ensure_ascii=False))
     except (UserError, OSError, UnicodeDecodeError) as e:

@@ -68,6 +68,9 @@ def _as_run(options: EvalOptions) -> EvalOptions:
 
     options = _predictions_of_eval_artifact(options)
     pytorch = options.model is not None and not is_export(options.model)
+    if options.threads is not None and not (options.model is not None and is_export(options.model)):
+        raise UserError("--threads sets an export folder's onnxruntime threads; a PyTorch model (or a predictions "
+                        "file) has none to set")
     return resolve_batching(options, resolve_device(options.device) if pytorch else "cpu")
 
 
