@@ -638,24 +638,23 @@ def budget_table(rows: list[dict], task: Task) -> list[str]:
 
 
 def batch1_threads(kind: str, path: Path, task: Task, docs: list[str]) -> int | None:
-    """The onnxruntime threads an export folder serves batch 1 fastest on, one or every core: each timed alone on 4
-    documents after an untimed one (at batch 1 a small graph's operators gain less from a second thread than
-    waking it costs). None for a PyTorch form, which runs on every core (the MiniLM teacher: 316 ms on 2 threads
-    against 515 on 1, 24 tokens, 2026-12-03)."""
+    """The onnxruntime threads an export folder serves batch 1 fastest on, one or every core: the two take turns on
+    `docs` (4 documents that are not timed afterwards) after an untimed one each (at batch 1 a small graph's
+    operators gain less from a second thread than waking it costs). None for a PyTorch form, which runs on every
+    core (the MiniLM teacher: 316 ms on 2 threads against 515 on 1, 24 tokens, 2026-12-03)."""
     cores = len(os.sched_getaffinity(0))
-    if kind != "onnx" or cores == 1:
-        return None
-    seconds = {}
-    for threads in (1, cores):
-        run = summarizer(kind, path, task, threads)
+    if kind != "onnx" or cores == 1 or not docs:
+        return None if kind != "onnx" else cores
+    runs = {threads: summarizer(kind, path, task, threads) for threads in (1, cores)}
+    times: dict[int, list[float]] = {threads: [] for threads in runs}
+    for run in runs.values():
         run(docs[:1], 1)
-        times = []
-        for doc in docs[1:5]:
+    for doc in docs:
+        for threads, run in runs.items():
             start = time.perf_counter()
             run([doc], 1)
-            times.append(time.perf_counter() - start)
-        seconds[threads] = statistics.median(times)
-    return min(seconds, key=seconds.get)
+            times[threads].append(time.perf_counter() - start)
+    return min(times, key=lambda threads: statistics.median(times[threads]))
 
 
 def speed(forms: dict[str, tuple[str, Path]], docs: list[str], args: argparse.Namespace) -> dict[str, dict]:
@@ -665,7 +664,8 @@ def speed(forms: dict[str, tuple[str, Path]], docs: list[str], args: argparse.Na
     order, so that drift hits all alike), each export on the threads it serves batch 1 fastest on
     (`batch1_threads`); and batch-16 docs/s on every core (median of --rounds passes)."""
     task = TASKS[args.task]
-    threads = {name: batch1_threads(kind, path, task, docs) for name, (kind, path) in forms.items()}
+    untimed = docs[max(args.latency_docs, args.throughput_docs):][:4]  # documents the rounds below do not time
+    threads = {name: batch1_threads(kind, path, task, untimed) for name, (kind, path) in forms.items()}
     runs = {name: summarizer(kind, path, task, threads[name]) for name, (kind, path) in forms.items()}
     bulk = {name: runs[name] if threads[name] in (None, len(os.sched_getaffinity(0))) else summarizer(kind, path, task)
             for name, (kind, path) in forms.items()}
@@ -901,10 +901,9 @@ def progress_table(args: argparse.Namespace) -> list[str]:
 
 def one_thread(results: dict[str, dict]) -> str:
     """Which exports batch 1 ran on one thread, in words."""
+    if len(os.sched_getaffinity(0)) == 1:
+        return "one core: one thread"
     names = [name for name, r in results.items() if r.get("batch1_threads") == 1]
-    exports = [name for name, r in results.items() if r.get("batch1_threads") is not None]
-    if not exports:
-        return "no export here"
     return f"one thread: {', '.join(names)}" if names else "every export on every core"
 
 
@@ -970,7 +969,7 @@ def main() -> None:
     results = quality(forms, validation, args, log)
     for name, found in against_pytorch(forms, results, validation, args, log).items():
         results[name]["pytorch"] = found
-    docs = [row[task.text] for row in read_rows(validation, max(args.latency_docs, args.throughput_docs, 16))]
+    docs = [row[task.text] for row in read_rows(validation, max(args.latency_docs, args.throughput_docs, 16) + 4)]
     for name, (kind, path) in forms.items():
         results[name]["mb"] = weight_mb(kind, path)
         results[name]["rss_mb"] = peak_rss_mb(kind, path, docs[:16], task)

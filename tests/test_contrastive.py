@@ -400,7 +400,7 @@ def test_a_trimmed_classifier_and_its_teacher_in_its_own_ids_give_the_old_output
     trimmed, kept = vocabulary.trim(model, tok, texts[:2])
     assert len(kept) < 3000 < len(tok) and model.config.vocab_size == len(kept) == len(trimmed)
     student_batch = trimmed(texts, padding=True, return_tensors="pt")
-    reader = vocabulary.reading_student_ids(teacher, tok, trimmed)
+    reader = vocabulary.reading_student_ids(teacher, tok, trimmed, "different vocab_size")
     assert reader.config is teacher.config  # attributes are the teacher's
     assert copy.deepcopy(reader).to(dtype=torch.bfloat16).index.dtype == torch.long  # a cast keeps the ids
     with torch.no_grad():
@@ -411,8 +411,13 @@ def test_a_trimmed_classifier_and_its_teacher_in_its_own_ids_give_the_old_output
     torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-6)
     torch.testing.assert_close(got.hidden_states[-1], want.hidden_states[-1], rtol=0, atol=1e-6)
     torch.testing.assert_close(read, truth, rtol=0, atol=0)
-    assert vocabulary.reading_student_ids(teacher, tok, tok) is teacher
-    assert vocabulary.reading_student_ids(teacher, tok, bert_tokenizer()) is None  # not trimmed from it
+    from modelshrink.errors import UserError
+
+    other_pad = copy.deepcopy(tok)
+    other_pad.pad_token = "[UNK]"  # the same tokens, but not the same tokenizer: refused, not read as the same
+    for other, reason in ((other_pad, "the same tokens"), (bert_tokenizer(), "other rules")):
+        with pytest.raises(UserError, match=reason):
+            vocabulary.reading_student_ids(teacher, tok, other, "why")
 
 
 @pytest.mark.slow  # end to end: contrastive three times, quantize, export
@@ -440,7 +445,9 @@ def test_trim_vocab_trains_the_student_as_the_untrimmed_one(teacher, sentiment, 
         for term in ("ce", "kd", "pt", "acdl", "loss"):
             for other in entries[1:]:
                 assert other[term] == pytest.approx(entries[0][term], rel=1e-4, abs=1e-6), (other["step"], term)
-    assert read_manifest(cached)["metrics"]["validation"] == read_manifest(plain)["metrics"]["validation"]
+    for key in ("validation", "teacher_validation"):  # the teacher is scored in its own tokens
+        assert read_manifest(cached)["metrics"][key] == read_manifest(plain)["metrics"][key], key
+    assert "vocabulary" not in read_manifest(plain)["resolved"]
     rows = torch.tensor([full_tok.get_vocab()[t] for t, _ in sorted(small_tok.get_vocab().items(),
                                                                      key=lambda item: item[1])])
     a, b = full.state_dict(), small.state_dict()
@@ -452,6 +459,7 @@ def test_trim_vocab_trains_the_student_as_the_untrimmed_one(teacher, sentiment, 
     result = _invoke("quantize", cached, "-o", quantized, "--teacher", teacher, "--bits", "8-8-8", "--data",
                      sentiment[0], "--max-steps", 2, "--batch-size", 8, "--device", "cpu")
     assert result.exit_code == 0, result.output
+    assert "0 of 96 training texts tokenize otherwise" in result.output  # trimmed on these very sentences
     result = _invoke("export", quantized, "-o", tmp_path / "onnx", "--samples", 3)
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "onnx" / "export_report.json").read_text())["validation"]

@@ -84,6 +84,10 @@ def test_run_command_prints_one_prediction_per_line(exported, docs_jsonl):
     assert [r["id"] for r in rows] == ["doc-0", "doc-1", "doc-2"] and all(isinstance(r["prediction"], str) for r in rows)
     one = runner.invoke(app, ["run", str(export_path), "--input", str(docs_jsonl), "--limit", "3", "--threads", "1"])
     assert one.exit_code == 0 and one.stdout == result.stdout  # one thread writes the same summaries
+    from modelshrink.runtime import load
+
+    assert load(export_path, threads=1).encoder.get_session_options().intra_op_num_threads == 1
+    assert load(export_path, threads=2).decoder.get_session_options().intra_op_num_threads == 2
     bad = runner.invoke(app, ["run", str(docs_jsonl.parent), "--input", str(docs_jsonl)])
     assert bad.exit_code == 1 and "not an export folder" in bad.output
 

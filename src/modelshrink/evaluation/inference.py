@@ -8,8 +8,6 @@ PyTorch model. Each entry point returns (rows, efficiency, resolved extras[, tok
 
 from __future__ import annotations
 
-import os
-
 import shutil
 import time
 from pathlib import Path
@@ -35,7 +33,7 @@ def _export_efficiency(options: EvalOptions, runtime: Any, timing: dict[str, Any
 
     return {"parameters": runtime.parameter_count(), "bytes_on_disk": weight_bytes(options.model),
             **_throughput(timing, options, launch), "device": "cpu (onnxruntime)",
-            "threads": options.threads or len(os.sched_getaffinity(0))}
+            "threads": runtime.encoder.get_session_options().intra_op_num_threads}
 
 
 def _in_order(items: list[Any], batch_size: int) -> Iterator[Any]:

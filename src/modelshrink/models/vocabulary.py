@@ -336,15 +336,27 @@ class TeacherInOwnIds(torch.nn.Module):
             return getattr(super().__getattr__("teacher"), name)
 
 
-def reading_student_ids(teacher: torch.nn.Module, teacher_tokenizer: Any, student_tokenizer: Any
-                        ) -> torch.nn.Module | None:
-    """The teacher where the two vocabularies are the same; where the student's is trimmed from the teacher's,
-    the teacher reading the student's ids (`TeacherInOwnIds`); None where it is neither."""
+def reading_student_ids(teacher: torch.nn.Module, teacher_tokenizer: Any, student_tokenizer: Any,
+                        why: str) -> TeacherInOwnIds:
+    """The teacher reading the ids of a student whose vocabulary was trimmed from its own (`TeacherInOwnIds`);
+    any other pair of tokenizers that differ (`why`, from `tokenizer_mismatch`) refused in one line."""
     try:
         index = teacher_ids(teacher_tokenizer, student_tokenizer)
-    except UserError:
-        return None
-    return teacher if index is None else TeacherInOwnIds(teacher, index)
+    except UserError as e:
+        reason = str(e).split("; ")[0].split(": ", 1)[-1]
+    else:
+        if index is not None:
+            return TeacherInOwnIds(teacher, index)
+        reason = "the same tokens"
+    raise UserError(f"teacher and student tokenizers differ ({why}; {reason}); the distillation losses need the same "
+                    "one, or one trimmed from the teacher's (--trim-vocab)")
+
+
+def split_otherwise(teacher_tokenizer: Any, student_tokenizer: Any, texts: Iterable[str | None]) -> tuple[int, int]:
+    """(texts a trimmed student's tokenizer splits into other tokens than its teacher's, texts): those hold words
+    the trimmed vocabulary lacks, which the teacher then reads in pieces its own tokenizer would not choose."""
+    texts = [t for t in texts if t is not None]
+    return sum(teacher_tokenizer.tokenize(t) != student_tokenizer.tokenize(t) for t in texts), len(texts)
 
 
 def _rules(tokenizer: Any) -> Any:

@@ -34,8 +34,8 @@ class ContrastiveOptions(TrainOptions):
     layer_ids: list[int] | None = opt(None, "Explicit teacher layers, e.g. 0,2,4.", panel=START, metavar="IDS")
     trim_vocab: bool = opt(False, "Keep in the student only the tokens the training sentences use, the special "
                                   "tokens and every single character: a smaller embedding table (MiniLM's 30,522 "
-                                  "rows are half its parameters), the same tokens for the training sentences; the "
-                                  "teacher reads each batch in its own ids.", panel=START)
+                                  "rows are two thirds of a 3-layer student), the same tokens for the training "
+                                  "sentences; the teacher reads each batch in its own ids.", panel=START)
     feature_map: str = opt("skip", "Layers where PT and A-CDL compare [CLS] features: skip (PKD; 12→6 = teacher "
                                    "2,4,6,8,10), last (PKD), or copied.", panel=START,
                            choices=("skip", "last", "copied"))

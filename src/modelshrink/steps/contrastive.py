@@ -205,7 +205,8 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     teacher, student, tokenizer = built["teacher"], built["student"], built["tokenizer"]
     resolved: dict[str, Any] = {"task": task, "layer_map": built["layer_ids"],
                                 "layers_from": None if built["layer_ids"] is None else
-                                ("student" if options.student else "teacher"), "vocabulary": built.get("vocabulary")}
+                                ("student" if options.student else "teacher"),
+                                **{key: built[key] for key in ("vocabulary",) if key in built}}
     if task != "classification" and options.metric in CLASSIFICATION_METRICS:
         options.metric = "pearson"
     distilling = not options.finetune
@@ -227,7 +228,8 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
         example["contrast"] = c
     check = (classify.make_validate(validation, tokenizer, 64, accelerator.device, max_length)
              if validation else None)
-    teacher_validation = check(teacher) if check is not None and teacher is not None and main else None
+    teacher_validation = (_teacher_validation(validation, built, teacher, accelerator.device, max_length)
+                          if check is not None and teacher is not None and main else None)
     if not objective.needs_teacher:
         teacher = None  # e.g. the cross-entropy-only baseline: no teacher forward passes
 
@@ -287,7 +289,20 @@ def trim_student(built: dict[str, Any], rows: list[dict[str, Any]], log: Callabl
     index = teacher_ids(built["tokenizer"], tokenizer) if teacher is not None else None
     if index is not None:
         teacher = TeacherInOwnIds(teacher, index)
-    return {**built, "teacher": teacher, "tokenizer": tokenizer, "vocabulary": {"kept": len(kept), "of": before}}
+    return {**built, "teacher": teacher, "tokenizer": tokenizer, "teacher_tokenizer": built["tokenizer"],
+            "vocabulary": {"kept": len(kept), "of": before}}
+
+
+def _teacher_validation(rows: list[dict[str, Any]], built: dict[str, Any], teacher: Any, device: Any,
+                        max_length: int) -> dict[str, float]:
+    """The teacher's validation scores, its own tokenizer reading the sentences (a trimmed student's would split the
+    words its vocabulary lacks, and change what the teacher reads)."""
+    from modelshrink.models.vocabulary import TeacherInOwnIds
+    from modelshrink.training import classify
+
+    own = built.get("teacher_tokenizer", built["tokenizer"])
+    model = teacher.teacher if isinstance(teacher, TeacherInOwnIds) else teacher
+    return classify.make_validate(rows, own, 64, device, max_length)(model)
 
 
 def _objective(options: ContrastiveOptions, built: dict[str, Any], distilling: bool,

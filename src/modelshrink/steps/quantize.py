@@ -103,9 +103,7 @@ def _card_head(output: str | Path, options: QuantizeOptions, metrics: dict[str, 
     return [
         f"# {Path(output).name}", "",
         f"`{options.model}` quantized by modelshrink (`quantize --method {options.method} --bits {options.bits}`). "
-        "The weights "
-        "are stored as integers; load it with modelshrink (`eval`, `export`, or `modelshrink.quant.model."
-        "load_quantized`): plain `transformers.from_pretrained` finds no weights file it knows and fails.", "",
+        + STORED_AS_INTEGERS, "",
         f"Parameters: {metrics['parameters']:,}. Bytes on disk: {metrics['bytes_on_disk']:,} "
         f"({metrics['compression_ratio']}× smaller than the float32 model).", ""]
 
@@ -350,20 +348,23 @@ def _classifier_rows(options: QuantizeOptions, config: Any) -> tuple[list[Any], 
     return rows, validation
 
 
-def _classifier_pair(models: Models) -> tuple[Any, Any, Any]:
-    """(teacher, student, tokenizer) on the CPU, refused in one line where their labels or tokenizers differ (a model
-    trimmed from the teacher's vocabulary by `contrastive --trim-vocab` gets a teacher that reads its ids)."""
+def _classifier_pair(models: Models, options: QuantizeOptions, log: Callable[[str], None]) -> tuple[Any, ...]:
+    """(teacher, student, tokenizer, rows, validation rows), refused in one line where labels or tokenizers differ (a
+    model trimmed from the teacher's vocabulary, `contrastive --trim-vocab`, gets a teacher that reads its ids)."""
     from modelshrink.models.loading import load_classifier, tokenizer_mismatch
-    from modelshrink.models.vocabulary import reading_student_ids
+    from modelshrink.models.vocabulary import reading_student_ids, split_otherwise
 
     (teacher, teacher_tok), (student, tokenizer) = load_classifier(models.teacher), load_classifier(models.model)
-    why = tokenizer_mismatch(teacher_tok, tokenizer)
-    if why and (teacher := reading_student_ids(teacher, teacher_tok, tokenizer)) is None:
-        raise UserError(f"teacher and student tokenizers differ ({why}); the distillation losses need the same one "
-                        "(or one trimmed from it)")
+    if why := tokenizer_mismatch(teacher_tok, tokenizer):
+        teacher = reading_student_ids(teacher, teacher_tok, tokenizer, why)
     if teacher.config.num_labels != student.config.num_labels:
         raise UserError(f"teacher has {teacher.config.num_labels} labels, the model {student.config.num_labels}")
-    return teacher, student, tokenizer
+    rows, validation = _classifier_rows(options, student.config)
+    if why:  # words the trimmed vocabulary lacks reach the teacher in the student's pieces
+        split, n = split_otherwise(teacher_tok, tokenizer, (t for r in rows for t in (r["text"], r["text_pair"])))
+        log(f"teacher: reads the trimmed model's ids; {split:,} of {n:,} training texts tokenize otherwise in its own "
+            "tokenizer (words the trimmed vocabulary lacks)")
+    return teacher, student, tokenizer, rows, validation
 
 
 def _classifier_plan(options: QuantizeOptions, teacher: Any, student: Any, tokenizer: Any, rows: list[Any],
@@ -404,8 +405,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, models: Mo
     if run.finished():
         return run.output
     accelerator = run.start(resolve_device(options.device))
-    teacher, student, tokenizer = _classifier_pair(models)
-    rows, validation = _classifier_rows(options, student.config)
+    teacher, student, tokenizer, rows, validation = _classifier_pair(models, options, log)
     task = task_of(student.config)
     layer_map = spaced_layer_ids(encoder_layer_count(teacher.config), encoder_layer_count(student.config), "encoder")
     teacher_params = parameter_count(teacher)
