@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -378,3 +378,14 @@ def trim(model: Any, tokenizer: Any, texts: Iterable[str], trust_remote_code: bo
     trimmed = trim_tokenizer(tokenizer, kept, trust_remote_code)
     trim_model(model, kept)
     return trimmed, kept
+
+
+def trim_reported(model: Any, tokenizer: Any, texts: Iterable[str], used_by: str, log: Callable[[str], None],
+                  trust_remote_code: bool = False) -> tuple[Any, dict[str, int]]:
+    """`trim`, with one line saying what was kept (`used_by`: whose tokens, e.g. "the 7,937 training sentences"):
+    the new tokenizer and the manifest's record of it, {kept, of}."""
+    before = len(tokenizer)
+    trimmed, kept = trim(model, tokenizer, texts, trust_remote_code)
+    log(f"vocabulary: {len(kept):,} of {before:,} tokens kept (those {used_by} use, the special tokens, every single "
+        "character)")
+    return trimmed, {"kept": len(kept), "of": before}

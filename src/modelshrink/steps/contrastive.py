@@ -268,29 +268,27 @@ def _models_and_data(options: ContrastiveOptions, log: Callable[[str], None]
     task = task_of(config)
     rows = _read(options.data, options.split, options.limit, options, config, task)
     if options.trim_vocab:
-        built = trim_student(built, rows, log, options.trust_remote_code)
+        built = trim_classifier(built, rows, log, options.trust_remote_code)
     validation = (_read(options.validation, options.validation_split, options.eval_limit, options, config, task)
                   if options.validation else None)
     return built, task, rows, validation
 
 
-def trim_student(built: dict[str, Any], rows: list[dict[str, Any]], log: Callable[[str], None],
+def trim_classifier(built: dict[str, Any], rows: list[dict[str, Any]], log: Callable[[str], None],
                  trust_remote_code: bool = False) -> dict[str, Any]:
     """`built` with its student and tokenizer trimmed to the tokens of the training sentences (`--trim-vocab`,
     `models/vocabulary.py`); the teacher, if any, reads the student's batches in its own ids."""
-    from modelshrink.models.vocabulary import TeacherInOwnIds, teacher_ids, trim
+    from modelshrink.models.vocabulary import TeacherInOwnIds, teacher_ids, trim_reported
 
-    before = len(built["tokenizer"])
     texts = (text for r in rows for text in (r["text"], r["text_pair"]) if text is not None)
-    tokenizer, kept = trim(built["student"], built["tokenizer"], texts, trust_remote_code)
-    log(f"vocabulary: {len(kept):,} of {before:,} tokens kept (those the {len(rows):,} training sentences use, the "
-        "special tokens, every single character)")
+    tokenizer, kept = trim_reported(built["student"], built["tokenizer"], texts,
+                                    f"the {len(rows):,} training sentences", log, trust_remote_code)
     teacher = built["teacher"]
     index = teacher_ids(built["tokenizer"], tokenizer) if teacher is not None else None
     if index is not None:
         teacher = TeacherInOwnIds(teacher, index)
     return {**built, "teacher": teacher, "tokenizer": tokenizer, "teacher_tokenizer": built["tokenizer"],
-            "vocabulary": {"kept": len(kept), "of": before}}
+            "vocabulary": kept}
 
 
 def _teacher_validation(rows: list[dict[str, Any]], built: dict[str, Any], teacher: Any, device: Any,

@@ -87,16 +87,14 @@ def trim_student(built: dict[str, Any], rows: list[Any], log: Callable[[str], No
                  trust_remote_code: bool = False) -> dict[str, Any]:
     """`built` with its student and tokenizer trimmed to the tokens of the training rows (`--trim-vocab`,
     `models/vocabulary.py`), its `vocab_map` (student id -> teacher id) following, and what was kept."""
-    from modelshrink.models.vocabulary import teacher_ids, trim
+    from modelshrink.models.vocabulary import teacher_ids, trim_reported
 
-    before = len(built["tokenizer"])
     texts = (text for r in rows for text in (r.document, r.reference))
-    tokenizer, kept = trim(built["student"], built["tokenizer"], texts, trust_remote_code)
-    log(f"vocabulary: {len(kept):,} of {before:,} tokens kept (those the {len(rows):,} training pairs use, the "
-        "special tokens, every single character)")
+    tokenizer, kept = trim_reported(built["student"], built["tokenizer"], texts, f"the {len(rows):,} training pairs",
+                                    log, trust_remote_code)
     teacher_tokenizer = built.get("teacher_tokenizer")
     vocab_map = teacher_ids(teacher_tokenizer, tokenizer) if teacher_tokenizer is not None else None
-    return {**built, "tokenizer": tokenizer, "vocab_map": vocab_map, "vocabulary": {"kept": len(kept), "of": before}}
+    return {**built, "tokenizer": tokenizer, "vocab_map": vocab_map, "vocabulary": kept}
 
 
 def student_metrics(student: Any, teacher: Any | None, result: TrainResult | None) -> dict[str, Any]:
