@@ -1,5 +1,6 @@
 """Writing a benchmark's table into BENCHMARKS.md between its own markers (rerunning replaces it)."""
 
+import platform
 from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
@@ -22,3 +23,27 @@ def publish(name: str, title: str, text: str, write: bool = True, intro: str = "
     print(text)
     if write:
         write_section(name, title, text, intro)
+
+
+# The vector and matrix instructions that move these benchmarks' ratios most: PyTorch's fp32 and bf16 kernels and
+# onnxruntime's integer ones take other paths with and without them (an AVX2-only AMD EPYC ran this project's
+# teacher 2.3x slower in PyTorch than an Intel Xeon with AMX did, its ONNX exports 1.5x slower).
+_FLAGS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_vnni": "VNNI", "avx_vnni": "AVX-VNNI",
+          "avx512_bf16": "AVX-512 bf16", "amx_tile": "AMX"}
+
+
+def cpu() -> str:
+    """The CPU's model name and its instruction sets (`AMD EPYC, x86_64, AVX2`), from /proc/cpuinfo where there is
+    one: 'x86_64' alone does not tell apart the machines this project's runs have landed on."""
+    name, flags = "", []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not name:
+                name = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = value.split()
+    except OSError:
+        pass
+    found = [label for flag, label in _FLAGS.items() if flag in flags]
+    return ", ".join([name or platform.processor() or "CPU", platform.machine(), *found])

@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from _report import publish
+from _report import cpu, publish
 
 RT = Path(__file__).resolve().parents[2] / "shared" / "data" / "rt-polarity"
 FORMS = ("30,522 tokens", "trimmed")
@@ -141,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         differ = changed({n: f["float32"] for n, f in forms.items()}, sentences)
         only_full, only_trimmed, p = disagreements({n: f["float32"] for n, f in forms.items()}, validation)
     vocabulary = meta[("trimmed", "float32")]["resolved"]["vocabulary"]
-    lines = [f"`python benchmarks/classifier_vocab.py` ({platform.processor() or platform.machine()}, "
+    lines = [f"`python benchmarks/classifier_vocab.py` ({cpu()}, "
              f"{len(os.sched_getaffinity(0))} cores, {time.strftime('%Y-%m-%d')}, {made / 60:.0f} min to make); "
              f"data {described}: {vocabulary['kept']:,} of {vocabulary['of']:,} tokens kept. Batch-1 PyTorch float32, "
              f"one validation sentence at a time, {min(args.sentences, len(sentences))} sentences × {args.rounds} "

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from _report import publish
+from _report import cpu, publish
 
 GENERATORS = ("transformers", "static")
 
@@ -96,7 +95,7 @@ def report(args: argparse.Namespace, teacher: str, data: str, beams: list[int],
         f"documents of {args.data or 'the bundled sample (train)'}, batch {args.batch_size}, sources ≤ "
         f"{args.max_source_length} tokens, summaries ≤ {args.max_length} (trigram blocking at beam > 1); "
         f"`pseudolabel --generator transformers` against `--generator static`, the same summaries (checked); "
-        f"{args.rounds} interleaved rounds after an untimed warm-up, median reported. Machine: {platform.machine()}, "
+        f"{args.rounds} interleaved rounds after an untimed warm-up, median reported. Machine: {cpu()}, "
         f"{torch.get_num_threads()} threads, torch {torch.__version__}. Command: `python benchmarks/cpu_generation.py "
         f"{' '.join(sys.argv[1:])}` ({time.strftime('%Y-%m-%d')}).", "",
         "| beams | generate docs/s | static docs/s | static / generate |", "|---|---|---|---|"]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -37,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from _report import publish
+from _report import cpu, publish
 
 DISTILL_SAME_KD = "modelshrink distill, quantize's losses, the student teaching itself"
 QUANTIZE = "modelshrink quantize 2-2-8, distillation-aware"
@@ -170,7 +169,7 @@ def main() -> None:
         f"Student: bert2bert from MiniLM-L6, 6 encoder + 3 decoder layers (from a 6-6 warm start); bundled Debian "
         f"sample, batch {args.batch_size}, sources ≤ {args.source} tokens, summaries ≤ {args.target}; {args.steps} "
         f"timed steps after {args.warmup} untimed, {args.rounds} interleaved rounds, median. Machine: "
-        f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}. Command: "
+        f"{cpu()}, {torch.get_num_threads()} threads, torch {torch.__version__}. Command: "
         f"`python benchmarks/distill_throughput.py` ({time.strftime('%Y-%m-%d')}).",
         "",
         "| setting | tokens/s (median) | vs Seq2SeqTrainer | vs distill CE | every round |",

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _report import write_section
+from _report import cpu, write_section
 
 TORCH = "PyTorch eager (float32)"
 
@@ -136,7 +135,7 @@ def main() -> None:
              f"{args.rounds} interleaved passes; 'same': summaries identical to PyTorch's; p: paired permutation "
              f"test of ROUGE-L against PyTorch. Sizes on disk: PyTorch safetensors {torch_size / 1e6:.0f} MB, "
              f"ONNX float32 {sizes['fp32'] / 1e6:.0f} MB, int8 {sizes['int8'] / 1e6:.0f} MB ({files}). "
-             f"Export checks: {check}. Machine: {platform.machine()}, {len(os.sched_getaffinity(0))} cores, torch "
+             f"Export checks: {check}. Machine: {cpu()}, {len(os.sched_getaffinity(0))} cores, torch "
              f"{torch.__version__} ({torch.get_num_threads()} threads), load average {load_before:.1f} at the "
              f"start. Command: `python benchmarks/export_latency.py --model {args.model}"
              f"{' --data ' + args.data if args.data else ''} --docs {args.docs}` ({time.strftime('%Y-%m-%d')}).", "",

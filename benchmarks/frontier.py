@@ -77,7 +77,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -86,7 +85,7 @@ import time
 from pathlib import Path
 
 from _frontier_tasks import TASKS, Task
-from _report import publish
+from _report import cpu, publish
 
 TEACHER = "teacher, PyTorch"
 TOLERANCE = 1.0  # the verdicts' bar: within this many points (ROUGE-L or BLEU) of the teacher
@@ -925,7 +924,7 @@ def report(args: argparse.Namespace, results: dict[str, dict], budgets: list[dic
         f"{task.rows} each way ({one_thread(results)}). The student and the forms made from it keep "
         + ("only the tokens of the training data (`distill --trim-vocab`)" if args.trim_vocab
            else "the teacher's vocabulary")
-        + f". Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, onnxruntime "
+        + f". Machine: {cpu()}, {os.cpu_count()} cores, torch {torch.__version__}, onnxruntime "
         f"{onnxruntime.__version__}. Command: `{command}` ({time.strftime('%Y-%m-%d')}).", "",
         *table(results, task), "", verdict(results, task), "", verdict_budget(results, task), "",
         f"Each exported form against the PyTorch model it was exported from, on the same {task.rows}:", "",

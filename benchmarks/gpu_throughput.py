@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import shutil
 import statistics
@@ -63,7 +62,7 @@ from types import SimpleNamespace
 
 import torch
 
-from _report import publish
+from _report import cpu, publish
 from scale_out import bart_model, fresh_peak, peak_since
 
 PARTS = ("pseudolabel", "distill", "quantize")
@@ -129,12 +128,7 @@ def machine(device: str) -> str:
     if device.startswith("cuda"):
         props = torch.cuda.get_device_properties(torch.device(device))
         return f"{props.name} ({props.total_memory / 2**30:.0f} GiB), CUDA {torch.version.cuda}, {versions}"
-    name = platform.processor() or platform.machine()
-    try:
-        name = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    name = cpu()
     threads = plural(torch.get_num_threads(), "thread")
     return f"{name}, {threads}, {versions} (no GPU: a check of the code path, not a measurement)"
 

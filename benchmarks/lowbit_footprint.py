@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _report import publish
+from _report import cpu, publish
 from peers import BASE, SMALL, build_model, read_documents
 
 QUANTIZED = ("2-2-8", "4-4-8", "8-8-8")
@@ -170,7 +170,7 @@ def main() -> None:
     command = "python benchmarks/lowbit_footprint.py" + (" --small" if args.small else "") + (
         f" --model {args.model}" if args.model else "") + (f" --docs {args.docs}" if args.docs != 12 else "") + (
         f" --length {args.length}" if args.length != 32 else "") + (f" --rounds {args.rounds}" if args.rounds != 3 else "")
-    text = "\n".join([f"`{command}` on {platform.node() or 'this machine'} ({platform.processor() or platform.machine()},"
+    text = "\n".join([f"`{command}` on {platform.node() or 'this machine'} ({cpu()},"
                       f" {len(os.sched_getaffinity(0))} cores), torch {torch.__version__}, onnxruntime "
                       f"{onnxruntime.__version__}; {shape}; validation on 4 documents of the Debian sample, "
                       f"latency over {args.docs} documents and batch-16 passes over the same documents "

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -44,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from _peer_systems import OptimumServer, ct2_system, optimum_export, runtime_system, torch_system
-from _report import publish
+from _report import cpu, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "debian-descriptions"
@@ -413,7 +412,7 @@ def describe(args, shape: dict, docs: int, load_before: float, exports: dict, si
             f"turns in a rotating order; batch-16 throughput: median of {args.rounds} interleaved rounds. Export "
             f"times (library call in a warm interpreter, validation included): {times or 'not measured'}.{int4} "
             f"The trained bert2bert student: CTranslate2's converter says \"{student_ct2}\". Machine: "
-            f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, load average {load_before:.1f} at the "
+            f"{cpu()}, {len(os.sched_getaffinity(0))} cores, load average {load_before:.1f} at the "
             f"start; torch {torch.__version__}, transformers {transformers.__version__}, onnxruntime "
             f"{onnxruntime.__version__}{versions}. Command: `{' '.join(['python benchmarks/peers.py'] + sys.argv[1:])}` "
             f"({time.strftime('%Y-%m-%d')}).")

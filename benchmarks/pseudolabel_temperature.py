@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from _report import publish
+from _report import cpu, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 DEBIAN = ROOT.parent / "shared" / "data" / "debian-descriptions" / "validation.jsonl.gz"
@@ -84,7 +83,7 @@ def main() -> None:
         f"Teacher: bert2bert warm-started from MiniLM-L6 (49M parameters), {args.docs} documents of "
         f"debian-descriptions/validation, beam {args.beams}, batch {args.batch_size}, source truncated to "
         f"{args.max_source_length} tokens, every summary exactly {args.length} tokens; {args.rounds} interleaved "
-        f"rounds after an untimed warm-up, median reported. Machine: {platform.machine()}, {torch.get_num_threads()} threads, "
+        f"rounds after an untimed warm-up, median reported. Machine: {cpu()}, {torch.get_num_threads()} threads, "
         f"torch {torch.__version__}. Command: `python benchmarks/pseudolabel_temperature.py"
         f"{'' if args.docs == 500 else f' --docs {args.docs}'}"
         f"{'' if args.rounds == 3 else f' --rounds {args.rounds}'}` ({time.strftime('%Y-%m-%d')}).",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from _report import publish
+from _report import cpu, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 DEBIAN = ROOT.parent / "shared" / "data" / "debian-descriptions" / "validation.jsonl.gz"
@@ -74,7 +73,7 @@ def main() -> None:
         print(f"{name}: ROUGE-1 {metrics['rouge1']:.2f}", file=sys.stderr)
     lines = [f"Model: `{args.model}` ({float_params:,} parameters, float32 {4 * float_params / 1e6:.1f} MB); "
              f"distillation-aware runs: {args.steps} steps on `{args.data}`; ROUGE on the first {args.eval_docs} "
-             f"documents of debian-descriptions/validation. Machine: {platform.machine()}, "
+             f"documents of debian-descriptions/validation. Machine: {cpu()}, "
              f"{torch.get_num_threads()} threads. Command: `python benchmarks/quantize_footprint.py --model "
              f"{args.model} --data {args.data}` ({time.strftime('%Y-%m-%d')}).", "",
              "| W-E-A, E-D layers | bytes on disk | compression (float32 / stored) | parameters |", "|---|---|---|---|"]

@@ -48,7 +48,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -60,7 +59,7 @@ from pathlib import Path
 
 import torch
 
-from _report import publish
+from _report import cpu, publish
 
 CPU_INTRO = (
     "Target (issue 13): `pseudolabel` on 2 processes × 1 thread at least 0.9× the docs/s of 1 process × 2 "
@@ -74,16 +73,6 @@ GPU_INTRO = (
 
 def command_line() -> str:
     return " ".join(["python benchmarks/scale_out.py"] + [shlex.quote(a) for a in sys.argv[1:] if a != "--no-write"])
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def native_bf16() -> str:
@@ -194,8 +183,8 @@ def cpu_part(args) -> None:
         f"`--max-tokens {args.max_tokens}`), source truncated to {args.max_source_length} tokens, every summary "
         f"exactly {args.length} tokens; each setting a whole `modelshrink pseudolabel` command, (b) under "
         f"`accelerate launch --multi_gpu --num_processes {args.cores} ... --device cpu` (gloo); {args.rounds} "
-        f"interleaved rounds after an untimed warm-up of each setting, median. Machine: {cpu_model()}, "
-        f"{os.cpu_count()} cores ({platform.machine()}, {native_bf16()}), torch {torch.__version__}, load average "
+        f"interleaved rounds after an untimed warm-up of each setting, median. Machine: {cpu()}, "
+        f"{os.cpu_count()} cores ({native_bf16()}), torch {torch.__version__}, load average "
         f"{load_before:.2f} before the run. Command: `{command_line()}` ({time.strftime('%Y-%m-%d')}).",
         "",
         "| setting | docs/s, generation loop | vs (a) | whole command, s | docs/s with start-up | vs (a) | "
@@ -344,7 +333,7 @@ def gpu_part(args) -> None:
         machine = (f"{props.name} ({props.total_memory / 2**30:.0f} GiB), CUDA {torch.version.cuda}, torch "
                    f"{torch.__version__}, fp32 matmul precision '{torch.get_float32_matmul_precision()}'")
     else:
-        machine = (f"{cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__} "
+        machine = (f"{cpu()}, {torch.get_num_threads()} threads, torch {torch.__version__} "
                    "(no GPU: a check of the code path, not a measurement)")
     lines = [
         f"Model: {described}, WordPiece tokenizer from the sample's words. pseudolabel: the first {args.docs} "

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from _report import publish
+from _report import cpu, publish
 
 RT_POLARITY = Path(__file__).resolve().parents[2] / "shared" / "data" / "rt-polarity" / "train.jsonl"
 
@@ -93,7 +92,7 @@ def main() -> None:
     lines = [
         f"ACKD student of 3 layers (0, 3, 5) from MiniLM-L6 with a 2-class head; {described}, {args.epochs:g} "
         f"epochs of batches of 32, full ACKD, no validation; {args.rounds} interleaved rounds, median. Machine: "
-        f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}. Command: "
+        f"{cpu()}, {torch.get_num_threads()} threads, torch {torch.__version__}. Command: "
         f"`python benchmarks/teacher_cache.py --sentences {args.sentences} --epochs {args.epochs:g} --rounds "
         f"{args.rounds}` ({time.strftime('%Y-%m-%d')}).",
         "",

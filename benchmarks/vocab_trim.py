@@ -23,13 +23,12 @@ import argparse
 import gzip
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from _report import publish
+from _report import cpu, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "debian-descriptions"
@@ -145,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         total = sum(len(seq) for seq in ids)
     vocabulary = meta["trimmed"]["resolved"]["vocabulary"]
     teacher = ms["teacher 6+6"]
-    lines = [f"`python benchmarks/vocab_trim.py` ({platform.processor() or platform.machine()}, "
+    lines = [f"`python benchmarks/vocab_trim.py` ({cpu()}, "
              f"{len(os.sched_getaffinity(0))} cores, {time.strftime('%Y-%m-%d')}); data `{train.relative_to(ROOT.parent) if shared else train.relative_to(ROOT)}`: "
              f"{vocabulary['kept']:,} of {vocabulary['of']:,} tokens kept. Batch 1, beam 4, exactly "
              f"{args.tokens} tokens a summary, {args.docs} validation documents × {args.rounds} rounds, taking turns "

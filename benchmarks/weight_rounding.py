@@ -15,12 +15,11 @@ squares). Embedding tables are always scaled per row by `quantize`; their per-te
 from __future__ import annotations
 
 import argparse
-import platform
 from collections import defaultdict
 
 import torch
 
-from _report import publish
+from _report import cpu, publish
 
 BITS = (2, 4, 8)
 GRANULARITIES = ("tensor", "row")
@@ -97,7 +96,7 @@ def main() -> None:
     text = "\n".join([
         f"Model: {name}. Relative error ||q(W) − W|| / ||W|| of `quantize`'s weight rounding, pooled over each kind's "
         f"tensors; ternary is TWN's (threshold 0.7·mean|w|), 4 and 8 bits symmetric max-abs. Machine: "
-        f"{platform.machine()}, torch {torch.__version__}. Command: `{command}`.", "", *table(found)])
+        f"{cpu()}, torch {torch.__version__}. Command: `{command}`.", "", *table(found)])
     publish("weight_rounding", "Weight rounding: one scale a tensor or one a row", text, write=not args.no_write)
 
 
