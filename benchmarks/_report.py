@@ -32,18 +32,18 @@ _FLAGS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_vnni": "VNNI", "avx_vnni
           "avx512_bf16": "AVX-512 bf16", "amx_tile": "AMX"}
 
 
-def cpu() -> str:
+def cpu(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
     """The CPU's model name and its instruction sets (`AMD EPYC, x86_64, AVX2`), from /proc/cpuinfo where there is
-    one: 'x86_64' alone does not tell apart the machines this project's runs have landed on."""
-    name, flags = "", []
+    one (flags read by the runtime's own `cpu_flags`): 'x86_64' alone does not tell apart the machines this
+    project's runs have landed on."""
+    from modelshrink.runtime.cpu import cpu_flags
+
+    name = ""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and not name:
-                name = value.strip()
-            elif key.strip() in ("flags", "Features") and not flags:
-                flags = value.split()
+        name = next((line.partition(":")[2].strip() for line in Path(cpuinfo).read_text().splitlines()
+                     if line.partition(":")[0].strip() == "model name"), "")
     except OSError:
         pass
+    flags = cpu_flags(cpuinfo) or frozenset()
     found = [label for flag, label in _FLAGS.items() if flag in flags]
     return ", ".join([name or platform.processor() or "CPU", platform.machine(), *found])

@@ -78,11 +78,12 @@ def command_line() -> str:
 def native_bf16() -> str:
     """Whether the CPU has bf16 instructions; without them torch converts to fp32 and back around
     every kernel, and bf16 is several times slower than fp32."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
+    from modelshrink.runtime.cpu import cpu_flags
+
+    flags = cpu_flags()
+    if not flags:
         return "bf16 instructions unknown"
-    found = [f for f in ("avx512_bf16", "amx_bf16") if f in flags.split()]
+    found = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
     return f"bf16 instructions: {', '.join(found)}" if found else "no bf16 instructions (avx512_bf16, amx_bf16)"
 
 

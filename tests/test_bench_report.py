@@ -25,24 +25,16 @@ def _report(monkeypatch):
 
 def test_cpu_names_the_model_and_its_instruction_sets(monkeypatch, tmp_path):
     report = _report(monkeypatch)
-    (tmp_path / "cpuinfo").write_text(XEON)
-    real = Path
-
-    def fake(path, *rest):
-        return real(tmp_path / "cpuinfo") if str(path) == "/proc/cpuinfo" else real(path, *rest)
-
-    monkeypatch.setattr(report, "Path", fake)
+    info = tmp_path / "cpuinfo"
+    info.write_text(XEON)
     monkeypatch.setattr(report.platform, "machine", lambda: "x86_64")
-    assert report.cpu() == "Intel(R) Xeon(R) Platinum 8480C, x86_64, AVX2, AVX-512, VNNI, AVX-512 bf16, AMX"
-    (tmp_path / "cpuinfo").write_text("model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2\n")
-    assert report.cpu() == "AMD EPYC, x86_64, AVX2"
+    assert report.cpu(info) == "Intel(R) Xeon(R) Platinum 8480C, x86_64, AVX2, AVX-512, VNNI, AVX-512 bf16, AMX"
+    info.write_text("model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2\n")
+    assert report.cpu(info) == "AMD EPYC, x86_64, AVX2"
 
 
 def test_cpu_without_cpuinfo_falls_back_to_the_platform(monkeypatch, tmp_path):
     report = _report(monkeypatch)
-    real = Path
-    monkeypatch.setattr(report, "Path", lambda path, *rest: real(tmp_path / "absent") if str(path) == "/proc/cpuinfo"
-                        else real(path, *rest))
     monkeypatch.setattr(report.platform, "processor", lambda: "")
     monkeypatch.setattr(report.platform, "machine", lambda: "arm64")
-    assert report.cpu() == "CPU, arm64"
+    assert report.cpu(tmp_path / "absent") == "CPU, arm64"
