@@ -1,10 +1,12 @@
 """Keep README's quickstart table equal to what the main command printed.
 
-    python recipes/quickstart_table.py modelshrink-quickstart          # record a run, rewrite README's table
+    python recipes/quickstart_table.py modelshrink-quickstart          # a run's table and its export folder
+    python recipes/quickstart_table.py modelshrink-quickstart --write  # record the run, rewrite README's table
     python recipes/quickstart_table.py --check                         # README's table is the recorded run's
 
-A run of `modelshrink quickstart` writes `summary.json` (its comparison of the five systems). This script keeps
-the numbers README shows in `reproduction/quickstart.json` (with the date) and renders README's table from that
+A run of `modelshrink quickstart` writes `summary.json` (its comparison of the five systems) and prints this
+table. Without --write this script only prints it, with the folder of the run's export. With --write it keeps the
+numbers README shows in `reproduction/quickstart.json` (with the date) and renders README's table from that
 record between the `<!-- quickstart-table -->` markers; `tests/test_tables.py` checks the table is the record's,
 and that a quickstart run's summary renders. ROUGE is the same on every run of the same versions; latency is
 the machine's.
@@ -18,41 +20,23 @@ import json
 import sys
 from pathlib import Path
 
+from modelshrink.quickstart import render_table, table_rows
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 RECORD = ROOT / "reproduction" / "quickstart.json"
 START, END = "<!-- quickstart-table -->", "<!-- /quickstart-table -->"
-LABELS = {"eval-teacher": "teacher (bert2bert 6-6)",
-          "eval-student-lambda1": "student 6-2, λ = 1 pseudo labels",
-          "eval-student-lambda2": "student 6-2, λ = 2 pseudo labels",
-          "eval-student-lambda2-8-8-8": "λ = 2 student, 8-8-8",
-          "eval-student-lambda2-2-2-8": "λ = 2 student, 2-2-8"}
-QUALITY = (("rouge1", "ROUGE-1"), ("rouge2", "ROUGE-2"), ("rougeL", "ROUGE-L"))
 
 
 def record_of(summary: dict) -> dict:
-    """What the table shows of a quickstart run's summary.json."""
-    systems = []
-    for row in summary["comparison"]["systems"]:
-        p = row.get("p_vs_first") or {}
-        systems.append({"name": row["name"], **{k: row[k] for k, _ in QUALITY},
-                        "significant": [k for k, _ in QUALITY if p.get(k) is not None and p[k] < 0.05],
-                        "length_words": row["length_words"], "parameters": row["parameters"],
-                        "bytes_on_disk": row["bytes_on_disk"], "latency_ms_p50": row["latency_ms_p50"]})
+    """What README's table keeps of a quickstart run's summary.json."""
     return {"date": dt.date.today().isoformat(), "source": "summary.json of `modelshrink quickstart`",
-            "systems": systems}
+            "systems": table_rows(summary["comparison"])}
 
 
 def render(record: dict) -> str:
-    """The markdown table (* = significantly different from the first system, p < 0.05)."""
-    lines = ["| system | ROUGE-1 | ROUGE-2 | ROUGE-L | words | parameters | MB on disk | p50 latency |",
-             "|---|---|---|---|---|---|---|---|"]
-    for s in record["systems"]:
-        quality = [f"{s[k]:.2f}" + ("*" if k in s["significant"] else "") for k, _ in QUALITY]
-        latency = f"{s['latency_ms_p50']:.0f} ms" if s.get("latency_ms_p50") is not None else "–"
-        lines.append(f"| {LABELS.get(s['name'], s['name'])} | {' | '.join(quality)} | {s['length_words']:.1f} | "
-                     f"{s['parameters'] / 1e6:.1f} M | {s['bytes_on_disk'] / 1e6:.1f} | {latency} |")
-    return "\n".join(lines)
+    """The markdown table, as `modelshrink quickstart` prints it."""
+    return render_table(record["systems"])
 
 
 def readme_table(text: str) -> str:
@@ -66,13 +50,30 @@ def rewrite(text: str, table: str) -> str:
     return f"{head}{START}\n{table}\n{END}{rest.split(END, 1)[1]}"
 
 
+def export_line(summary: dict) -> str:
+    """Where the run's exported model is, and how to serve it."""
+    export = summary.get("export") or {}
+    if not export.get("folder"):
+        return "this run has no export"
+    return (f"the export ({export.get('check', 'not checked')} its check against PyTorch): {export['folder']}\n"
+            f"  modelshrink run {export['folder']} --input documents.jsonl")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", nargs="?", help="a quickstart output folder (with summary.json) to record")
+    parser.add_argument("run", nargs="?", help="a quickstart output folder (with summary.json): print its table")
+    parser.add_argument("--write", action="store_true", help="record the run in reproduction/quickstart.json and "
+                        "rewrite README's table from the record (without a run: from the record as it is)")
     parser.add_argument("--check", action="store_true", help="only check README's table against the record")
     args = parser.parse_args(argv)
-    if args.run:
-        summary = json.loads((Path(args.run) / "summary.json").read_text())
+    if args.check and (args.run or args.write):
+        parser.error("--check reads the record and README only: give neither a run nor --write")
+    summary = json.loads((Path(args.run) / "summary.json").read_text()) if args.run else None
+    if summary is not None and not args.write:  # look only: README and the record stay as they are
+        print(render_table(table_rows(summary["comparison"])))
+        print(export_line(summary))
+        return 0
+    if summary is not None:
         RECORD.write_text(json.dumps(record_of(summary), indent=2, ensure_ascii=False) + "\n")
     table = render(json.loads(RECORD.read_text()))
     text = README.read_text()
@@ -81,8 +82,11 @@ def main(argv: list[str] | None = None) -> int:
             print("README.md's quickstart table is not reproduction/quickstart.json's:\n" + table, file=sys.stderr)
             return 1
         return 0
-    README.write_text(rewrite(text, table))
+    if args.write:
+        README.write_text(rewrite(text, table))
     print(table)
+    if summary is not None:
+        print(export_line(summary))
     return 0
 
 

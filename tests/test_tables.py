@@ -112,7 +112,7 @@ def test_readmes_quickstart_table_is_the_recorded_runs():
     assert result.returncode == 0, result.stderr
 
 
-def test_a_quickstart_summary_is_recorded_and_rewrites_the_table(tmp_path, monkeypatch):
+def test_a_quickstart_summary_is_printed_and_only_written_when_asked(tmp_path, monkeypatch, capsys):
     qt = _quickstart_table()
     readme, record = tmp_path / "README.md", tmp_path / "quickstart.json"
     readme.write_text(f"intro\n{qt.START}\n| old |\n{qt.END}\nafter\n")
@@ -125,8 +125,15 @@ def test_a_quickstart_summary_is_recorded_and_rewrites_the_table(tmp_path, monke
                 "parameters": 39_500_000, "bytes_on_disk": 10_010_000, "latency_ms_p50": None}]
     run = tmp_path / "run"
     run.mkdir()
-    (run / "summary.json").write_text(json.dumps({"comparison": {"systems": systems}}))
-    assert qt.main([str(run)]) == 0
+    export = {"folder": "modelshrink-quickstart/export", "check": "passed"}
+    (run / "summary.json").write_text(json.dumps({"comparison": {"systems": systems}, "export": export}))
+    readme_before = readme.read_text()
+    assert qt.main([str(run)]) == 0  # without --write: the run's table and its export, nothing written
+    printed = capsys.readouterr().out
+    assert readme.read_text() == readme_before and not record.exists()
+    assert "| λ = 2 student, 2-2-8 | 11.26* | 0.31 | 11.09* | 6.7 | 39.5 M | 10.0 | – |" in printed
+    assert "modelshrink run modelshrink-quickstart/export --input" in printed
+    assert qt.main([str(run), "--write"]) == 0
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith(f"{qt.END}\nafter\n")
     lines = qt.readme_table(text).splitlines()

@@ -51,6 +51,13 @@ def warmstart_artifact(encoder: str, output: Path, overwrite: bool = False, seed
 
 
 QUANTIZE_BITS = ("8-8-8", "2-2-8")  # the λ = 2 student, quantized both ways
+# The table's names of the systems (README's table is this table, from a recorded run: recipes/quickstart_table.py)
+TABLE_LABELS = {"eval-teacher": "teacher (bert2bert 6-6)",
+                "eval-student-lambda1": "student 6-2, λ = 1 pseudo labels",
+                "eval-student-lambda2": "student 6-2, λ = 2 pseudo labels",
+                "eval-student-lambda2-8-8-8": "λ = 2 student, 8-8-8",
+                "eval-student-lambda2-2-2-8": "λ = 2 student, 2-2-8"}
+TABLE_QUALITY = (("rouge1", "ROUGE-1"), ("rouge2", "ROUGE-2"), ("rougeL", "ROUGE-L"))
 LAMBDAS = (1.0, 2.0)  # the pseudo-label sets: regular and PLATE's λ = 2
 
 
@@ -62,6 +69,36 @@ def _check_lengths(budget: QuickstartOptions) -> None:
         if value > positions:
             raise UserError(f"{flag} {value} is more than the packaged MiniLM's {positions} positions; give at most "
                             "that")
+
+
+def table_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the quickstart's table shows of each system of its comparison (`eval --compare`'s result)."""
+    rows = []
+    for row in comparison["systems"]:
+        p = row.get("p_vs_first") or {}
+        rows.append({"name": row["name"], **{k: row[k] for k, _ in TABLE_QUALITY},
+                     "significant": [k for k, _ in TABLE_QUALITY if p.get(k) is not None and p[k] < 0.05],
+                     "length_words": row["length_words"], "parameters": row["parameters"],
+                     "bytes_on_disk": row["bytes_on_disk"], "latency_ms_p50": row["latency_ms_p50"]})
+    return rows
+
+
+def render_table(rows: list[dict[str, Any]]) -> str:
+    """The quickstart's table in markdown, as the command prints it and README shows it (* = significantly
+    different from the first system, the teacher: p < 0.05)."""
+    def number(value: float | None, fmt: str, unit: str = "") -> str:
+        return "–" if value is None else f"{value:{fmt}}{unit}"
+
+    lines = ["| system | " + " | ".join(name for _, name in TABLE_QUALITY)
+             + " | words | parameters | MB on disk | p50 latency |", "|---|---|---|---|---|---|---|---|"]
+    for s in rows:
+        quality = [number(s[k], ".2f") + ("*" if k in s["significant"] else "") for k, _ in TABLE_QUALITY]
+        parameters = None if s["parameters"] is None else s["parameters"] / 1e6
+        size = None if s["bytes_on_disk"] is None else s["bytes_on_disk"] / 1e6
+        lines.append(f"| {TABLE_LABELS.get(s['name'], s['name'])} | {' | '.join(quality)} | "
+                     f"{number(s['length_words'], '.1f')} | {number(parameters, '.1f', ' M')} | {number(size, '.1f')} | "
+                     f"{number(s['latency_ms_p50'], '.0f', ' ms')} |")
+    return "\n".join(lines)
 
 
 def run_quickstart(budget: QuickstartOptions | None, output: str | Path, *, overwrite: bool = False,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from modelshrink.commands._common import DocsProgress, emit, handle_errors, log, print_comparison
+from modelshrink.commands._common import DocsProgress, emit, handle_errors, log
 from modelshrink.commands._from_options import OVERWRITE, QUIET, from_options, param
 from modelshrink.options.quickstart import QuickstartOptions
 
@@ -27,10 +27,14 @@ def quickstart(options: QuickstartOptions, output: Path, overwrite: bool, quiet:
 
     Example: modelshrink quickstart -o runs/quickstart --overwrite
     """
-    from modelshrink.quickstart import run_quickstart
+    from modelshrink.quickstart import render_table, run_quickstart, table_rows
 
     with handle_errors(output), DocsProgress(quiet) as bars:
         summary = run_quickstart(options, output, overwrite=overwrite, progress=bars.task,
                                  train_progress=bars.train_task, log=log)
-    print_comparison(summary["comparison"])
+    # README's table, in README's format (* = significantly different from the teacher, p < 0.05)
+    typer.echo(render_table(table_rows(summary["comparison"])), err=True)
+    export = summary["export"]
+    typer.echo(f"export ({export['check']}): {export['folder']}  serve it: modelshrink run {export['folder']} "
+               "--input documents.jsonl", err=True)
     emit(Path(output))
