@@ -121,6 +121,26 @@ def test_measure_times_every_candidate_at_every_row_count():
     assert set(found) == {"nbits/8", "s8/8", "int8/8", "float/8"}
 
 
+def test_the_timing_graphs_carry_the_lowest_ir_version_their_opsets_need(monkeypatch):
+    """Not the installed onnx's newest: onnx 1.23 writes IR 14 by default, which onnxruntime 1.31 refuses (it reads
+    up to 13), so an export on that pair failed while timing its kernels."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    seen, session = [], ort.InferenceSession
+
+    def recording(model, *args, **kwargs):
+        seen.append(onnx.load_from_string(model))
+        return session(model, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", recording)
+    kernels.measure(64, 48, [("nbits", 4), ("s8", 4), ("int8", 4), ("float", 4)], (2,), 32, repeats=1, threads=1)
+    assert len(seen) == 4
+    for model in seen:
+        assert model.ir_version == helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True) <= 10
+
+
 def test_the_option_lists_every_kernel():
     from modelshrink.onnx.compress import ROUNDINGS
     from modelshrink.options.export import KERNEL_CHOICES, ROUNDING_CHOICES
@@ -416,7 +436,7 @@ def test_int8_weights_split_between_kernels_run_in_one_graph(tmp_path, monkeypat
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", 32])],
         [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
     path = tmp_path / "two.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
 
     def fake(k, n, candidates, rows, block_size, zero_points=False, threads=None):
         fastest = f"{first}/8" if k == 64 else f"{other}/8"
@@ -459,7 +479,7 @@ def test_s8_weights_are_symmetric_codes_and_their_products_exact_where_offered()
                               [helper.make_tensor_value_info("a", TensorProto.UINT8, ["rows", k])],
                               [helper.make_tensor_value_info("y", TensorProto.INT32, ["rows", 3])],
                               [numpy_helper.from_array(weights, "b")])
-    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
                                    .SerializeToString(), providers=["CPUExecutionProvider"])
     assert (session.run(None, {"a": a})[0] == a.astype(np.int64) @ weights.astype(np.int64)).all()
 
@@ -555,7 +575,7 @@ def test_a_linear_layers_bias_goes_into_its_integer_kernel():
                               [numpy_helper.from_array(v, n) for n, v in (("w1", w1), ("w2", w2), ("b1", b1), ("b2", b2))])
     for node in graph.node:
         node.name = node.output[0]
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     rewrite = lowbit_graph.LowBitGraph(model)
     for init in [i for i in model.graph.initializer if i.name in ("w1", "w2")]:
         rewrite.as_matmul(init, int8.int8_blocks(numpy_helper.to_array(init), 16), kernel="int8")

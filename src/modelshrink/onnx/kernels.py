@@ -72,6 +72,8 @@ def _session(k: int, n: int, blocks: Blocks, kernel: str, threads: int) -> Any:
     rewrite = LowBitGraph(model)
     rewrite.as_matmul(weight, blocks, kernel=kernel)
     rewrite.finish()
+    # the lowest IR version its opsets need, not the installed onnx's newest: an older onnxruntime reads it
+    model.ir_version = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
