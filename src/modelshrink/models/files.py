@@ -27,6 +27,11 @@ def _fingerprint(folder: Path) -> tuple:
     return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file()))
 
 
+# the files of a model folder that transformers reads as JSON objects (a folder may hold other JSON: the packaged
+# MiniLM's data_config.json is a list)
+OBJECTS = ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
 def check_files(folder: str | Path, what: str, weights: bool = False, allow_pickle: bool = False) -> None:
     """Refuse, with one line naming the file, a model folder whose JSON files do not parse or (with
     `weights`) whose safetensors are damaged, or whose only weights are pickles (without `allow_pickle`)."""
@@ -39,10 +44,14 @@ def _check(folder: Path, _fingerprint: tuple, what: str, weights: bool, allow_pi
     # (the fingerprint keys the cache: a folder whose files changed is checked again)
     for path in sorted(folder.glob("*.json")):
         try:
-            json.loads(path.read_bytes())
+            parsed = json.loads(path.read_bytes())
         except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise UserError(f"cannot load {what} from {folder}: {path.name} is damaged or incomplete "
                             f"(not valid JSON: {str(e).splitlines()[0]})") from None
+        if path.name in OBJECTS and not isinstance(parsed, dict):  # what a loader does with another JSON value
+            # is its version's detail (transformers 5.15 fails on a list with a TypeError)
+            raise UserError(f"cannot load {what} from {folder}: {path.name} is damaged (a JSON "
+                            f"{type(parsed).__name__}, not an object)")
     if not weights:
         return
     _check_shards(folder, what, "*.safetensors.index.json")
