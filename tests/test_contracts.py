@@ -11,6 +11,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from typer.testing import CliRunner
 
@@ -66,7 +67,8 @@ def _parsed(monkeypatch, args: list[str]):
             return Path(output), {"task": "summarization", "documents": 0}
         if options.STEP == "quickstart":
             return {"comparison": {"task": "summarization", "systems": [],
-                                   "significance": {"method": "permutation", "against": "none"}}}
+                                   "significance": {"method": "permutation", "against": "none"}},
+                    "export": {"folder": str(Path(output) / "export"), "check": "passed"}}
         return (Path(output), {}) if options.STEP == "export" else Path(output)
 
     module, name = LIBRARY[next(a for a in args if a in LIBRARY)]
@@ -102,7 +104,19 @@ def test_command_parameters_are_the_options_fields(step):
         assert p.default == default, (step, f.name, p.default, default)
         hint = typing.get_type_hints(cls)[f.name]
         if hint in (bool, int, float, str):
-            assert p.type_descriptor.annotation is hint, (step, f.name, p.type_descriptor.annotation)
+            assert _python_type(p) is hint, (step, f.name, _python_type(p))
+
+
+def _python_type(param) -> type | None:
+    """The Python type a command-line parameter parses to. A recent Typer keeps its annotation (`type_descriptor`)
+    and its parameters have no Click `type`; an older one's are Click's, whose `type` says it (a range is a
+    subclass of its number's type)."""
+    descriptor = getattr(param, "type_descriptor", None)
+    if descriptor is not None:
+        return descriptor.annotation
+    kinds = ((click.types.BoolParamType, bool), (click.types.IntParamType, int),
+             (click.types.FloatParamType, float), (click.types.StringParamType, str))
+    return next((python for kind, python in kinds if isinstance(param.type, kind)), None)
 
 
 @pytest.mark.slow

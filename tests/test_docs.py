@@ -210,8 +210,9 @@ def parse(argv: list[str], loose: bool) -> None:
     ctx_class = type(group.make_context("modelshrink", ["--help"], resilient_parsing=True))
     root = ctx_class(group, info_name="modelshrink")
     root_options, rest, _ = group.make_parser(root).parse_args(list(argv))
-    if not rest:
-        assert root_options.get("version") or root_options.get("help"), "no command"
+    if not rest:  # `modelshrink --help` or `--version` (the key Click files --help under is a version's detail)
+        flags = set(root.help_option_names) | {o for p in group.params if p.name == "version" for o in p.opts}
+        assert set(argv) & flags, "no command"
         return None
     name, args = rest[0], rest[1:]
     if _is_placeholder(name) or name in ELLIPSIS:  # `modelshrink COMMAND --help`: any command
