@@ -13,8 +13,10 @@ MODULE = re.compile(r"(?<![\w/.`])(\w+\.py)\b")
 
 
 def test_the_set_up_command_is_the_one_ci_runs():
-    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
-    assert ci.startswith("pip install torch==") and f"```bash\n{ci}\n```" in TEXT
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    install = [line for line in ci if line.startswith("pip install torch==")]
+    assert len(install) == 2 and install[1] == f"{install[0]} && python -m pytest -q -n 2"
+    assert f"```bash\n{install[0]}\npython -m pytest -q -n 2\n```" in TEXT
 
 
 def map_entries() -> dict[str, str]:

