@@ -363,14 +363,69 @@ def test_the_reference_names_every_option_of_every_command():
     assert re.search(r"\| `--label-smoothing` \| `0\.1` \| ≥ 0, < 1 \|", distill), "default and range of an option"
 
 
-def test_the_site_builds_strictly(tmp_path):
+def test_an_optional_choice_lists_only_the_values_the_command_takes():
+    """Issue 78: a `str | None` option lists None among its choices (so that leaving it out passes the check), and
+    the reference listed `None` among `--granularity`'s, which the command refuses."""
+    hooks = _hooks()
+    group, options_of = hooks._cli()
+    from modelshrink.options import spec_of
+
+    optional = 0
+    for name, cls in options_of.items():
+        page = hooks.command_page(name, group.commands[name], options_of)
+        for f in dataclasses.fields(cls):
+            choices = spec_of(f).choices or ()
+            if None not in choices:
+                continue
+            optional += 1
+            (row,) = [line for line in page.splitlines() if line.startswith(f"| `{_flag(f)}`")]
+            listed = "one of " + ", ".join(f"`{c}`" for c in choices if c is not None)
+            assert listed in row and "`None`" not in row, row
+    assert optional >= 2  # quantize's --granularity and --metric when this was written
+    quantize = hooks.command_page("quantize", group.commands["quantize"], options_of)
+    assert re.search(r"\| `--granularity` \| – \| one of `tensor`, `row` \|", quantize)
+
+
+def _flag(f) -> str:
+    from modelshrink.options import flag_of
+
+    return flag_of(f)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site as `mkdocs build --strict` writes it, built once for the tests below."""
     for module, package in (("mkdocs", "mkdocs"), ("material", "mkdocs-material"), ("mkdocstrings", "mkdocstrings")):
         pytest.importorskip(module, reason=f"{package} is not installed (pip install -e '.[test]')")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+    folder = tmp_path_factory.mktemp("docs") / "site"
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(folder)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stderr[-4000:]
-    page = (tmp_path / "site" / "reference" / "cli" / "quantize" / "index.html").read_text()
+    return folder
+
+
+def test_the_site_builds_strictly(site):
+    page = (site / "reference" / "cli" / "quantize" / "index.html").read_text()
     assert "--activation-clip" in page and "Training (--method distill)" in page
-    assert "DQ-BART" in (tmp_path / "site" / "results" / "reproduction" / "index.html").read_text()
-    assert "overwrite" in (tmp_path / "site" / "reference" / "api" / "index.html").read_text()  # the signatures
+    assert "DQ-BART" in (site / "results" / "reproduction" / "index.html").read_text()
+    assert "overwrite" in (site / "reference" / "api" / "index.html").read_text()  # the signatures
+
+
+def test_option_names_in_the_reference_never_break(site):
+    """Issue 78: Material breaks inline code anywhere (`word-break: break-word`), which split option names mid-word
+    in the reference's narrow first column. Every table of the command reference sits in `div.cli-options`, whose
+    first column's code the site's extra stylesheet keeps whole."""
+    css = (site / "stylesheets" / "extra.css").read_text()
+    rule = re.search(r"\.cli-options td:first-child code\s*\{([^}]*)\}", css)
+    assert rule and re.search(r"white-space:\s*nowrap", rule[1]), "the nowrap rule for option names"
+    pages = sorted((site / "reference" / "cli").glob("*/index.html"))
+    assert len(pages) >= 7
+    tables = 0
+    for page in [*pages, site / "reference" / "cli" / "index.html"]:
+        html = page.read_text()
+        assert "stylesheets/extra.css" in html, page
+        for m in re.finditer(r"<table>", html):
+            tables += 1
+            assert html[:m.start()].rstrip().endswith('<div class="cli-options">'), f"{page}: a table outside it"
+    assert tables > 20
