@@ -23,10 +23,35 @@ CODE = re.compile(r"^(__[a-z]{2,3}(_[A-Za-z]+)?__|[a-z]{2,3}_[A-Z]{2}|[a-z]{2,3}
 
 
 def language_codes(tokenizer: Any) -> dict[str, int]:
-    """The tokenizer's language codes and their token ids (empty for a model of one target language)."""
-    names = set(getattr(tokenizer, "lang_code_to_id", None) or {})
+    """The tokenizer's language codes (tokens: `de_DE`, `__de__`) and their token ids (empty for a model of one
+    target language). M2M100's tokenizer lists its languages by name (`de`, its `lang_code_to_id`) beside the
+    tokens; the name is an ordinary word of its vocabulary (`de`), so only the token is a code."""
+    to_token = getattr(tokenizer, "lang_code_to_token", None) or {}
+    names = {to_token.get(name, name) for name in getattr(tokenizer, "lang_code_to_id", None) or {}}
     names |= {t for t in getattr(tokenizer, "all_special_tokens", []) if isinstance(t, str) and CODE.match(t)}
     return {name: tokenizer.convert_tokens_to_ids(name) for name in sorted(names)}
+
+
+def tokenizer_language(tokenizer: Any, code: str) -> str:
+    """What the tokenizer's `src_lang` / `tgt_lang` take for `code`: the code itself (mBART, NLLB), or the language
+    whose token it is (M2M100: `de` for `__de__`)."""
+    names = {token: name for name, token in (getattr(tokenizer, "lang_code_to_token", None) or {}).items()}
+    return names.get(code, code)
+
+
+def code_of(tokenizer: Any, language: str | None) -> str | None:
+    """The code a tokenizer's `src_lang` / `tgt_lang` value stands for (None for none or an unknown one)."""
+    if language is None:
+        return None
+    code = (getattr(tokenizer, "lang_code_to_token", None) or {}).get(language, language)
+    return code if code in language_codes(tokenizer) else None
+
+
+def set_target(tokenizer: Any, code: str | None) -> None:
+    """Make a tokenizer that marks targets (M2M100's and NLLB's `tgt_lang`) mark them with `code`, so that training
+    labels open with the code the model is made to generate first."""
+    if code is not None and hasattr(tokenizer, "tgt_lang"):
+        tokenizer.tgt_lang = tokenizer_language(tokenizer, code)
 
 
 def find_code(codes: dict[str, int], wanted: str) -> str | None:
@@ -91,13 +116,12 @@ def source_language(tokenizer: Any, source_lang: str | None, what: str, names_ro
     value also picks the source side of nested translation rows (eval), so a model without codes is fine."""
     codes = language_codes(tokenizer)
     if source_lang is None:
-        current = getattr(tokenizer, "src_lang", None)
-        return current if current in codes else None
+        return code_of(tokenizer, getattr(tokenizer, "src_lang", None))
     code = chosen_code(codes, "--source-lang", source_lang, what, "reads one language", names_rows)
     if code is None:
         return None
     if not hasattr(tokenizer, "src_lang"):
         raise UserError(f"--source-lang {source_lang}: {what}'s tokenizer ({type(tokenizer).__name__}) has language "
                         "codes but no source language to set (src_lang); leave --source-lang out")
-    tokenizer.src_lang = code
+    tokenizer.src_lang = tokenizer_language(tokenizer, code)
     return code

@@ -33,7 +33,8 @@ def _export_efficiency(options: EvalOptions, runtime: Any, timing: dict[str, Any
 
     return {"parameters": runtime.parameter_count(), "bytes_on_disk": weight_bytes(options.model),
             **_throughput(timing, options, launch), "device": "cpu (onnxruntime)",
-            "threads": runtime.encoder.get_session_options().intra_op_num_threads}
+            "threads": (runtime.encoder if runtime.task == "summarization" else runtime.classifier
+                        ).get_session_options().intra_op_num_threads}
 
 
 def _in_order(items: list[Any], batch_size: int) -> Iterator[Any]:
@@ -61,7 +62,7 @@ def generate_summaries(options: EvalOptions, source: DataSource, staging: Path, 
         raise UserError(f"data {options.data} has no rows")
     if is_export(options.model):
         return _summarize_with_export(options, docs, staging, launch, progress, log)
-    return _summarize_with_model(options, docs, staging, launch, progress, log, model)
+    return _summarize_with_model(options, docs, staging, launch, progress, log, model, text_column == "source")
 
 
 def _sharded(batches: Any, staging: Path, launch: Any, run: Callable[[Any], list[dict[str, Any]]], total: int,
@@ -101,7 +102,7 @@ def _latency_note(launch: Any) -> dict[str, Any]:
 
 
 def _summarize_with_model(options: EvalOptions, docs: list[Any], staging: Path, launch: Any,
-                          progress: ProgressFn | None, log: LogFn, source: Any = None
+                          progress: ProgressFn | None, log: LogFn, source: Any = None, translation: bool = False
                           ) -> tuple[list[dict[str, Any]] | None, dict[str, Any], dict[str, Any], Any]:
     from modelshrink.models.efficiency import parameter_count, peak_memory, reset_peak_memory, weight_bytes
     from modelshrink.generation.summarizer import Summarizer
@@ -110,7 +111,8 @@ def _summarize_with_model(options: EvalOptions, docs: list[Any], staging: Path, 
         raise UserError(f"--attention-plot: no document with id '{options.attention_plot}' in {options.data}")
     device = launch.device
     system = Summarizer(options, source or options.model, "model", device, staging,
-                        nested_rows=getattr(options, "source_lang", None) is not None, log=log)
+                        nested_rows=getattr(options, "source_lang", None) is not None, log=log,
+                        translation=translation)
     model, tokenizer = system.model, system.tokenizer
 
     def row_of(example: Any, text: str, lam: float) -> dict[str, Any]:
@@ -151,7 +153,7 @@ def _export_languages(options: EvalOptions, runtime: Any, tokenizer: Any) -> int
     """The token an export folder is made to start with for --target-lang (None: its own), by the rule a PyTorch
     model follows (`languages.target_code`); --source-lang must be the code its tokenizer was exported marking
     sources with (an export folder's tokenizer file fixes it)."""
-    from modelshrink.languages import chosen_code, language_codes, target_code
+    from modelshrink.languages import chosen_code, code_of, language_codes, target_code
 
     what, nested = f"export {options.model}", options.source_lang is not None
     codes = language_codes(tokenizer)
@@ -159,7 +161,7 @@ def _export_languages(options: EvalOptions, runtime: Any, tokenizer: Any) -> int
                             options.target_lang, what, nested)
     if options.source_lang is not None:
         code = chosen_code(codes, "--source-lang", options.source_lang, what, "reads one language", nested)
-        marked = getattr(tokenizer, "src_lang", None)
+        marked = code_of(tokenizer, getattr(tokenizer, "src_lang", None))
         if code is not None and code != marked:
             raise UserError(f"--source-lang {options.source_lang}: {what} marks its sources as {marked}, as it was "
                             "exported (its tokenizer file fixes it); export the model again from a tokenizer saved "
@@ -178,7 +180,7 @@ def _summarize_with_export(options: EvalOptions, docs: list[Any], staging: Path,
     if given := options.temperature_options():
         raise UserError(f"{given[0]} needs the PyTorch model: an export folder runs at the attention temperature it "
                         "was exported with")
-    for name in ("max_tokens", "dtype", "generator"):
+    for name in ("max_tokens", "dtype", "generator", "prefix"):
         if getattr(options, name) != EvalOptions.__dataclass_fields__[name].default:
             raise UserError(f"--{name.replace('_', '-')} applies to a PyTorch model; an export folder runs as exported")
     runtime = load(options.model, threads=options.threads)

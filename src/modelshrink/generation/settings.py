@@ -10,6 +10,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from modelshrink.data import Example
+from modelshrink.runtime.inputs import with_prefix
 
 WINDOW_BATCHES = 32  # a window of this many batches is sorted by length at a time
 
@@ -163,24 +164,26 @@ class Batch:
 
 
 def plan_batches(stream: Iterator[Example], tokenizer: Any, batch_size: int, max_source_length: int,
-                 max_tokens: int | None = None) -> Iterator[Batch]:
+                 max_tokens: int | None = None, prefix: str = "") -> Iterator[Batch]:
     """Batches of documents sorted longest first within windows of WINDOW_BATCHES × batch_size
     documents, so that padding is small while the input is still streamed; the numbering is
     deterministic. With `max_tokens`, a batch holds as many documents as fit the padded-token
     budget (longest × count <= max_tokens) instead of `batch_size`; a document longer than the
-    budget is truncated to it (and listed in its batch's `truncated`)."""
+    budget is truncated to it (and listed in its batch's `truncated`). Each document is read behind the model's
+    `prefix` (modelshrink.runtime.inputs)."""
     number = 0
     window: list[Example] = []
 
     def flush(window: list[Example]) -> Iterator[Batch]:
         nonlocal number
-        ids = tokenizer([e.document for e in window], truncation=True, max_length=max_source_length)["input_ids"]
+        texts = with_prefix([e.document for e in window], prefix)
+        ids = tokenizer(texts, truncation=True, max_length=max_source_length)["input_ids"]
         cut: dict[int, int] = {}
         if max_tokens is not None:
             for i, one in enumerate(ids):
                 if len(one) > max_tokens:
                     cut[i] = len(one)
-                    ids[i] = tokenizer(window[i].document, truncation=True, max_length=max_tokens)["input_ids"]
+                    ids[i] = tokenizer(texts[i], truncation=True, max_length=max_tokens)["input_ids"]
         order = sorted(range(len(window)), key=lambda i: -len(ids[i]))
         start = 0
         while start < len(order):

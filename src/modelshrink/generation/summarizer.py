@@ -20,6 +20,7 @@ from modelshrink.generation import shards
 from modelshrink.errors import UserError
 from modelshrink.generation.attention_stats import AttentionRecorder
 from modelshrink.generation.settings import decode, generate_ids, plan_batches, resolve_generation, sample_seed
+from modelshrink.runtime.inputs import resolve_prefix
 from modelshrink.languages import source_language, target_language
 from modelshrink.models.loading import load_seq2seq, source_length
 from modelshrink.generation.plate import attention_temperature, batch_lambdas, lambdas_of
@@ -30,11 +31,13 @@ RowFn = Callable[[Any, str, float], dict[str, Any]]  # (example, summary text, i
 
 class Summarizer:
     def __init__(self, options: Any, spec: str, role: str, device: Any, staging: Path | None = None,
-                 nested_rows: bool = False, log: Callable[[str], None] | None = None) -> None:
+                 nested_rows: bool = False, log: Callable[[str], None] | None = None,
+                 translation: bool = False) -> None:
         """`staging`: where an attention plot goes; it may be set later (`recorder.folder`), once the run's
         folder exists: the model loads first, so a model that does not load leaves nothing written.
         `nested_rows`: --source-lang/--target-lang also name the sides of nested translation rows (eval).
-        `log`: where the one line saying why the static search is not used goes."""
+        `log`: where the one line saying why the static search is not used goes. `translation`: the documents are
+        translation sources (no summarization prefix: modelshrink.runtime.inputs)."""
         self.options, self.device = options, device
         self.model, self.tokenizer, self.family = load_seq2seq(spec, role, options.trust_remote_code, device,
                                                                allow_pickle=options.allow_pickle)
@@ -49,6 +52,7 @@ class Summarizer:
             self.model, self.tokenizer, getattr(options, "target_lang", None), f"{role} {spec}", names_rows=nested_rows)
         self.settings.source_language = source_language(
             self.tokenizer, getattr(options, "source_lang", None), f"{role} {spec}", names_rows=nested_rows)
+        self.prefix = resolve_prefix(getattr(options, "prefix", None), self.model.config, translation)
         self.max_source_length = source_length(options.max_source_length, self.tokenizer, self.model.config)
         self.lambdas = lambdas_of(options)
         self.recorder = AttentionRecorder(options.attention_stats, options.attention_plot, staging, self.tokenizer)
@@ -59,7 +63,8 @@ class Summarizer:
 
     def batches(self, stream: Iterator[Any], log: Callable[[str], None]) -> Iterator[Any]:
         planned = shards.noting_truncation(plan_batches(stream, self.tokenizer, self.options.batch_size,
-                                                        self.max_source_length, self.options.max_tokens),
+                                                        self.max_source_length, self.options.max_tokens,
+                                                        self.prefix),
                                            self.options.max_tokens, self.truncated, log)
         # on a GPU the host reads and tokenizes the next batches while the device searches
         return shards.prefetched(planned) if self.static is not None and self.static.cuda else planned
@@ -95,7 +100,7 @@ class Summarizer:
     def generate_one(self, example: Any) -> None:
         """One document alone (batch-1 latency), at its own λ."""
         row_lambdas = self._lambdas([example.index])
-        enc = self.tokenizer(example.document, truncation=True, max_length=self.max_source_length,
+        enc = self.tokenizer(self.prefix + example.document, truncation=True, max_length=self.max_source_length,
                              return_tensors="pt")
         self._generate_ids(enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device), None, row_lambdas)
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from modelshrink.errors import UserError
 from modelshrink.families import ENCODER_DECODER_TYPE, Family, family_of
+from modelshrink.models.fit import drop_unembedded, tokenizer_misfit, unembedded_specials
 from modelshrink.models.files import check_files, pickle_weights
 
 
@@ -229,7 +231,14 @@ def _read_tokenizer(source: ModelSource) -> Any:
                                 trust_remote_code=source.trust_remote_code, **known)
     except (TypeError, KeyError) as e:
         raise UserError(f"{source.what} {source.spec} has no usable tokenizer: {_first_line(e)}") from None
+    except ImportError as e:  # transformers: "M2M100Tokenizer requires the SentencePiece library but it was not found"
+        needed = re.search(r"requires the (\S+) library", str(e))
+        package = needed.group(1).lower() if needed else _first_line(e)
+        raise UserError(f"{source.what} {source.spec}: its tokenizer needs the {package} package, which is not "
+                        f"installed: pip install {package}") from None
     why = tokenizer_misfit(tokenizer, source.config) if source.config is not None else None
+    if not why and source.config is not None and (unreadable := unembedded_specials(tokenizer, source.config)):
+        drop_unembedded(tokenizer, unreadable)
     if why:
         folder = Path(source.folder or source.spec)
         files = sorted(p.name for p in folder.glob("*") if p.name.startswith(("tokenizer", "vocab", "merges",
@@ -238,25 +247,6 @@ def _read_tokenizer(source: ModelSource) -> Any:
         raise UserError(f"{source.what} {source.spec}: its tokenizer does not fit the model ({why}); its tokenizer "
                         f"files ({', '.join(files) or 'none'}) are incomplete or belong to another model")
     return tokenizer
-
-
-def tokenizer_misfit(tokenizer: Any, config: Any) -> str | None:
-    """Why a tokenizer cannot be the model's (None: it can): ids beyond the model's vocabulary, no ordinary
-    token at all (a tokenizer rebuilt from its config alone holds only its special tokens), or special
-    tokens at other ids than the model's config names."""
-    inner = getattr(config, "decoder", None) if getattr(config, "model_type", None) == ENCODER_DECODER_TYPE else None
-    vocab = getattr(inner or config, "vocab_size", None)
-    size = len(tokenizer)
-    if vocab and size > vocab:
-        return f"{size} tokens, the model's vocabulary {vocab}"
-    special = set(getattr(tokenizer, "all_special_tokens", []) or [])
-    if size <= len(special) + 1:
-        return f"it holds {size} tokens, only its special ones"
-    for name in ("pad_token_id", "eos_token_id"):
-        mine, model = getattr(tokenizer, name, None), getattr(config, name, None)
-        if isinstance(model, int) and mine is not None and mine != model:
-            return f"its {name} is {mine}, the model's {model}"
-    return None
 
 
 def describe(config: Any) -> str:

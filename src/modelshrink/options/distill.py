@@ -7,7 +7,7 @@ from typing import ClassVar
 from modelshrink.errors import UserError
 from modelshrink.metrics.names import SEQ2SEQ_METRICS
 from modelshrink.options import REQUIRED, opt, options_class
-from modelshrink.options.generation import GEN
+from modelshrink.options.generation import GEN, prefix_option, source_lang_option, target_lang_option
 from modelshrink.options.train import DATA, OPT, SPEED, SPLITS, VAL, TrainOptions
 
 START = "Starting point"
@@ -69,6 +69,9 @@ class DistillOptions(TrainOptions):
                                               "the tokenizer's model_max_length and the model's positions]",
                                         panel=GEN, min=1)
     max_target_length: int = opt(128, "Truncate summaries to this many tokens for training.", panel=GEN, min=1)
+    prefix: str | None = prefix_option()
+    target_lang: str | None = target_lang_option()
+    source_lang: str | None = source_lang_option()
     split: str | None = opt(None, f"Split of DATA ({SPLITS}).", panel=DATA)
     validation_split: str | None = opt(None, "Split of --validation.", panel=DATA)
     text_column: str | None = opt(None, "Document column. [default: auto]", panel=DATA)

@@ -3,13 +3,34 @@ attention temperature and the attention statistics taken under it."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from modelshrink.errors import UserError
 from modelshrink.options import Options, opt, options_class
 from modelshrink.precision import PRECISIONS
 
 GEN = "Generation (defaults: the model's generation config)"
+
+
+def prefix_option(panel: str = GEN) -> Any:
+    """--prefix, as every step that feeds documents to a seq2seq model takes it (modelshrink.runtime.inputs)."""
+    return opt(None, "Text written in front of every document, as the model was trained to read it (T5: "
+                     "\"summarize: \"); \"\" for none. [default: the labels' or the model's own: its config's "
+                     "summarization prefix, else its prefix]", panel=panel)
+
+
+def target_lang_option(panel: str = GEN) -> Any:
+    """--target-lang of the steps that make a multilingual translator write one language (modelshrink.languages)."""
+    return opt(None, "Multilingual translators (mBART-50, M2M100, NLLB): the language to translate into, a code of "
+                     "the tokenizer or its language (de -> de_DE, __de__). [default: the labels', else the one the "
+                     "model's generation config forces]", panel=panel)
+
+
+def source_lang_option(panel: str = GEN) -> Any:
+    """--source-lang of the steps that make a multilingual translator's tokenizer mark its sources."""
+    return opt(None, "Multilingual translators: the language of the sources, which the tokenizer marks with its code "
+                     "(src_lang; de -> de_DE, __de__). [default: the labels', else the tokenizer's saved src_lang]",
+               panel=panel)
 GENERATORS = ("auto", "static", "transformers")
 
 
@@ -36,6 +57,7 @@ class GenerationOptions(Options):
                                        "N source tokens per batch (longest × count). A document longer than N is "
                                        "truncated to N tokens, with a warning naming it. [default: 16384 on a GPU "
                                        "unless --batch-size is given; none on a CPU]", panel=GEN, min=1)
+    prefix: str | None = prefix_option()
     dtype: str = opt("fp32", "Run the model in fp32, bf16 or fp16 (fp16 needs a GPU; bf16 runs on a CPU, slowly).",
                      panel=GEN, choices=PRECISIONS)
     generator: str = opt("auto", "Who runs the search: 'static' (fixed shapes, preallocated caches, one CUDA graph "

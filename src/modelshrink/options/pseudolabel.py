@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from modelshrink.errors import UserError
 from modelshrink.options import REQUIRED, opt, options_class
-from modelshrink.options.generation import GEN, TemperatureOptions
+from modelshrink.options.generation import GEN, TemperatureOptions, source_lang_option, target_lang_option
 from modelshrink.options.train import DATA, SPLITS
 
 BASE = "Baselines (PLATE Table 5, Appendix C)"
@@ -30,12 +30,8 @@ class PseudolabelOptions(TemperatureOptions):
                           panel=BASE)
     top_p: float | None = opt(None, "Nucleus sampling mass (with --do-sample).", panel=BASE, above=0, max=1)
     top_k: int | None = opt(None, "Top-k sampling (with --do-sample).", panel=BASE, min=0)
-    target_lang: str | None = opt(None, "Multilingual translators (mBART-50, M2M100, NLLB): the language to translate "
-                                        "into, a code of the tokenizer or its language (de -> de_DE, __de__). "
-                                        "[default: the one the model's generation config forces]", panel=GEN)
-    source_lang: str | None = opt(None, "Multilingual translators: the language of the sources, which the tokenizer "
-                                        "marks with its code (src_lang; de -> de_DE, __de__). [default: the "
-                                        "tokenizer's saved src_lang]", panel=GEN)
+    target_lang: str | None = target_lang_option()
+    source_lang: str | None = source_lang_option()
     split: str | None = opt(None, f"Split of {SPLITS}.", panel=DATA)
     text_column: str | None = opt(None, "Document column. [default: auto: document/summary, article/highlights, "
                                         "dialogue/summary, text/summary]", panel=DATA)

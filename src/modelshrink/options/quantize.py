@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from modelshrink.errors import UserError
 from modelshrink.metrics.names import ALL_METRICS
 from modelshrink.options import REQUIRED, opt, options_class
-from modelshrink.options.generation import GEN
+from modelshrink.options.generation import GEN, prefix_option, source_lang_option, target_lang_option
 from modelshrink.options.train import DATA, OPT, SPLITS, VAL, TrainOptions
 from modelshrink.quant.spec import check_budget_spec, parse_bits, parse_candidates
 
@@ -20,7 +20,7 @@ DIRECT_READS = frozenset({"model", "bits", "method", "granularity", "allow_low_a
 # what a budget adds to them: its calibration sample comes from --data, drawn with --seed, batched by --batch-size
 BUDGET_READS = frozenset({"budget_mb", "budget_of", "candidate_bits", "calibration_examples", "data", "split", "text_column",
                           "summary_column", "text_pair_column", "label_column", "limit", "seed", "batch_size",
-                          "max_source_length", "max_target_length"})
+                          "max_source_length", "max_target_length", "prefix", "target_lang", "source_lang"})
 
 
 @options_class
@@ -80,6 +80,9 @@ class QuantizeOptions(TrainOptions):
     max_source_length: int | None = opt(None, "Truncate documents / sentences to this many tokens.", panel=DATA,
                                         min=1)
     max_target_length: int = opt(128, "Truncate summaries to this many tokens for training.", panel=DATA, min=1)
+    prefix: str | None = prefix_option(DATA)
+    target_lang: str | None = target_lang_option(DATA)
+    source_lang: str | None = source_lang_option(DATA)
     split: str | None = opt(None, f"Split of --data ({SPLITS}).", panel=DATA)
     validation_split: str | None = opt(None, "Split of --validation.", panel=DATA)
     text_column: str | None = opt(None, "Document / sentence column. [default: auto]", panel=DATA)

@@ -21,18 +21,10 @@ from .files import CLASSIFIER, DECODER, DECODER_MERGED, DECODER_WITH_PAST, ENCOD
 from .cache import CROSS_BEAMS, PAST_LENGTH, Binding, InPlaceCache
 from .cpu import missing_features
 from .search import DOCUMENTS, beam_search, candidates, greedy
+from .inputs import model_prefix, with_prefix
 from .settings import Search, search_from_configs
+from .text import _damaged, _first_line, clean_up, read_tokenizer, unknown_past
 from .weights import DEQUANTIZE_LINEAR, FLOAT32, WeightFormat
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-def _damaged(path: Path, cause: str) -> UserError:
-    """The one line for a file of an export folder that cannot be read (as modelshrink.models.files says it)."""
-    return UserError(f"cannot load export from {path.parent}: {path.name} is damaged or incomplete ({cause})")
 
 
 def _ort_cause(error: BaseException, path: Path) -> str:
@@ -55,18 +47,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise UserError(f"{path} holds a JSON {type(value).__name__}, expected an object")
     return value
-
-
-def _tokenizer(path: Path) -> Any:
-    from tokenizers import Tokenizer
-
-    try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises plain Exception for a file it cannot parse
-        raise _damaged(path, f"tokenizers cannot load it: {_first_line(e)}") from None
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    return tokenizer
 
 
 # the export option that writes a folder without each com.microsoft op (modelshrink.onnx.lowbit's kernels)
@@ -177,8 +157,9 @@ class ExportedModel:
         self.generation = _read_json(self.folder / "generation_config.json")
         if not (self.folder / "tokenizer.json").is_file():
             raise UserError(f"{folder} has no tokenizer.json")
-        self.tokenizer = _tokenizer(self.folder / "tokenizer.json")
+        self.tokenizer = read_tokenizer(self.folder / "tokenizer.json")
         self.tokenizer_config = _read_json(self.folder / "tokenizer_config.json")
+        self.unknown = unknown_past(self.tokenizer, self.tokenizer_config, self.config)
         # what the export recorded for the runtime (weights, parameters); the manifest once committed
         self.resolved = _read_json(self.folder / "modelshrink.json").get("resolved", {})
         _check_runs_here(self.resolved, folder)
@@ -197,6 +178,7 @@ class ExportedModel:
     def _load_seq2seq(self, session: Callable[[str], Any]) -> None:
         """The encoder's and decoder's sessions, and what the search needs to know of the decoder's inputs."""
         self.task = "summarization"
+        self.prefix = model_prefix(self.config)  # what the model reads before each document (modelshrink.runtime.inputs)
         self.encoder = session(ENCODER)
         self.merged = graph_path(self.folder, DECODER_MERGED, self.config).is_file()
         if self.merged:  # one graph: an If on use_cache_branch between the two decoders
@@ -251,12 +233,14 @@ class ExportedModel:
         types = np.zeros((len(encoded), width), dtype=np.int64)
         for row, e in enumerate(encoded):  # right padding, as transformers' tokenizers for these models
             ids[row, :len(e.ids)], mask[row, :len(e.ids)], types[row, :len(e.ids)] = e.ids, 1, e.type_ids
+        if self.unknown is not None:  # a piece the model has no row for reads as <unk>
+            ids[ids >= self.unknown[0]] = self.unknown[1]
         return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
     def decode(self, ids: np.ndarray) -> list[str]:
         texts = self.tokenizer.decode_batch([row.tolist() for row in ids], skip_special_tokens=True)
         if self.tokenizer_config.get("clean_up_tokenization_spaces"):
-            texts = [_clean_up(t) for t in texts]
+            texts = [clean_up(t) for t in texts]
         return [t.strip() for t in texts]
 
     # ------------------------------------------------------------ summarization
@@ -269,7 +253,8 @@ class ExportedModel:
         settings = self.settings(**overrides)
         out: list[str] = []
         for start in range(0, len(documents), batch_size):
-            enc = self.encode(documents[start:start + batch_size], max_length=max_source_length)
+            enc = self.encode(with_prefix(documents[start:start + batch_size], self.prefix),
+                              max_length=max_source_length)
             out += self.decode(self.generate_ids(enc["input_ids"], enc["attention_mask"], settings))
         return out
 
@@ -418,14 +403,6 @@ def length_groups(lengths: np.ndarray, slack: float = 1.25) -> list[np.ndarray]:
             start, real = at, int(lengths[row])
     groups.append(order[start:])
     return [np.sort(g) for g in groups]
-
-
-def _clean_up(text: str) -> str:
-    # transformers' clean_up_tokenization: spaces that WordPiece-style decoders leave before punctuation
-    for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-                          (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
-        text = text.replace(before, after)
-    return text
 
 
 def load(folder: str | os.PathLike, threads: int | None = None, spin: bool = False) -> ExportedModel:

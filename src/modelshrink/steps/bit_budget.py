@@ -22,7 +22,7 @@ def _on(batch: dict[str, Any], device: Any) -> dict[str, Any]:
 
 
 def seq2seq_objective(rows: list[Any], tokenizer: Any, teacher: Any, max_source_length: int, max_target_length: int,
-                      batch_size: int, device: Any, vocab_map: list[int] | None = None) -> Objective:
+                      batch_size: int, device: Any, vocab_map: list[int] | None = None, prefix: str = "") -> Objective:
     """(batches, teacher logits of a batch, loss of a model on a batch given them): cross-entropy on the reference
     plus the MSE to the teacher's logits on the target tokens. A trimmed student's batch (`vocab_map`: the
     teacher's id of each of its ids) is read by the teacher in its own ids, its logits taken at the student's."""
@@ -30,7 +30,7 @@ def seq2seq_objective(rows: list[Any], tokenizer: Any, teacher: Any, max_source_
     from modelshrink.training.seq2seq import decoder_inputs, make_collate, tokenize_pairs
 
     collate = make_collate(tokenizer.pad_token_id)
-    tokenized = tokenize_pairs(rows, tokenizer, max_source_length, max_target_length)
+    tokenized = tokenize_pairs(rows, tokenizer, max_source_length, max_target_length, prefix)
     batches = [_on(collate(chunk), device) for chunk in batched(tokenized, batch_size)]
 
     def logits(model: Any, batch: dict[str, Any]) -> torch.Tensor:
@@ -109,3 +109,27 @@ def quantize_within_budget(options: QuantizeOptions, student: Any, objective: Ca
         plan = Plan(**broadcast_object_list([asdict(plan) if plan is not None else None])[0])
     apply_plan(student, plan)
     return spec.with_rules(plan.rules), plan, counts
+
+
+def plan_metrics(plan: Any, folder: Path, training_seconds: float | None = None) -> dict[str, Any]:
+    """What a manifest records of a budget's plan: the budget, the predicted and the written size, the groups' bits,
+    and the measurement's time (and its share of the training's)."""
+    from modelshrink.quant.model import WEIGHTS_NAME
+
+    written = (Path(folder) / WEIGHTS_NAME).stat().st_size
+    out = {"budget_bytes": plan.budget_bytes, "predicted_bytes": plan.predicted_bytes, "written_bytes": written,
+           "smallest_bytes": plan.smallest_bytes, "sensitivity_seconds": plan.seconds,
+           "calibration_examples": plan.calibration_examples,
+           "bits": {name: info["bits"] for name, info in plan.groups.items()}}
+    if plan.counted_twice:  # --budget-of export: the size the budget bounds, the export's second copy counted
+        out.update(counted_twice=plan.counted_twice, bounded_bytes=plan.bounded_bytes)
+    if training_seconds:
+        out["sensitivity_share_of_training"] = round(plan.seconds / training_seconds, 4)
+    return out
+
+
+def plan_card(plan: Any) -> list[str]:
+    """The plan as a model card section."""
+    if plan is None:
+        return []
+    return ["## Bits by layer group (--budget-mb)", "", "```", *plan.table(), "```", ""]

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from modelshrink._version import __version__
 from modelshrink.options.batching import resolve_batching
 from modelshrink.options.distill import DistillOptions
+from modelshrink.training.reading import settle_reading
 from modelshrink.training.runs import TrainingRun, parent_refs
 from modelshrink.training.seq2seq import read_pairs_for, train_seq2seq
 from modelshrink.training.students import build_student, check_widths, student_metrics, trim_student
@@ -50,6 +51,7 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     accelerator = run.start(device)
     rows, validation_rows = read_pairs_for(options)
     built = build_student(options, device, log)
+    reading = settle_reading(built["student"], built["tokenizer"], options, "the student", log)
     if options.trim_vocab:
         built = trim_student(built, rows, log, options.trust_remote_code)
     student, tokenizer = built["student"], built["tokenizer"]
@@ -74,7 +76,7 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     origin = {**built["origin"], **({"vocabulary": built["vocabulary"]} if "vocabulary" in built else {})}
     card = model_card(options, run.output, origin, metrics, "distill", SAVE_PRETRAINED)
     return run.commit(result, metrics=metrics, card=card, metric=options.metric, always=("teacher", "student"),
-                      resolved={"layer_map": built["maps"], "max_source_length": max_source_length,
+                      resolved={"layer_map": built["maps"], "max_source_length": max_source_length, **reading,
                                 **({"vocabulary": built["vocabulary"]} if "vocabulary" in built else {})})
 
 

@@ -21,6 +21,9 @@ from modelshrink.artifacts import ArtifactWriter, parent_ref, read_manifest
 from modelshrink.cards import commit_model
 from modelshrink.errors import UserError
 from modelshrink.families import CLASSIFIER_TYPES, TOKEN_TYPE_CLASSIFIERS, model_kind
+from modelshrink.runtime.inputs import model_prefix, with_prefix
+from modelshrink.models.fast_tokenizers import fast_form
+from modelshrink.models.fit import embedding_rows
 from modelshrink.onnx import lowbit
 from modelshrink.onnx.compress import compact_quantized, keep_low_bits
 from modelshrink.onnx.cross_attention import fuse_cross_attention
@@ -65,8 +68,11 @@ def inspect(spec: str, trust_remote_code: bool = False, allow_pickle: bool = Fal
                     f"and sequence classifiers of type {', '.join(CLASSIFIER_TYPES)}")
 
 
-def _sample_texts(options: ExportOptions, tokenizer: Any, count: int) -> list[str]:
-    """Documents to validate with: from --data, else made of the tokenizer's own words."""
+def _sample_texts(options: ExportOptions, tokenizer: Any, count: int, seq2seq: Any = None) -> list[str]:
+    """Documents to validate with: from --data, else made of the tokenizer's own words; a seq2seq model's (its
+    config `seq2seq`) behind its task prefix, as the runtime reads them (modelshrink.runtime.inputs)."""
+    if seq2seq is not None:
+        return with_prefix(_sample_texts(options, tokenizer, count), model_prefix(seq2seq))
     if options.data is not None:
         from modelshrink.data import examples, open_data, pick_columns
 
@@ -229,7 +235,7 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     quantized = dict(config.quantization_config) if is_quantized(config) else None
     _check_kernels(options, kind, quantized)
     max_source_length = source_length(options.max_source_length, tokenizer, model.config)
-    texts = _sample_texts(options, tokenizer, max(options.samples, 2))
+    texts = _sample_texts(options, tokenizer, max(options.samples, 2), model.config if kind == "seq2seq" else None)
     enc = dict(tokenizer(texts[:2], truncation=True, max_length=max_source_length, padding=True, return_tensors="pt"))
     if kind == "classifier" and "token_type_ids" not in enc and config.model_type in TOKEN_TYPE_CLASSIFIERS:
         enc["token_type_ids"] = torch.zeros_like(enc["input_ids"])
@@ -337,8 +343,12 @@ def _write_companions(model: Any, tokenizer: Any, folder: Path, kind: str) -> No
     if kind == "seq2seq" and getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    rows = embedding_rows(model.config) or 0
+    if not (folder / "tokenizer.json").is_file() and (converted := fast_form(tokenizer, rows)) is not None:
+        (folder / "tokenizer.json").write_text(converted, encoding="utf-8")
     if not (folder / "tokenizer.json").is_file():
-        raise UserError("the model's tokenizer has no fast (tokenizer.json) form, which the torch-free runtime needs")
+        raise UserError(f"the model's tokenizer ({type(tokenizer).__name__}) has no fast (tokenizer.json) form, which "
+                        "the torch-free runtime needs")
     _portable_tokenizer_class(folder / "tokenizer_config.json")
 
 

@@ -68,11 +68,11 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     text_column, summary_column, total = _columns_and_count(options, source)
 
     device = launch.device
-    teacher = Summarizer(options, options.teacher, "teacher", device, log=log)
+    teacher = Summarizer(options, options.teacher, "teacher", device, log=log, translation=text_column == "source")
     lambdas = teacher.lambdas
     mixed_kinds = len(set(lambdas.values())) > 1
     resolved = {"generation": teacher.settings.as_dict(), "max_source_length": teacher.max_source_length,
-                "lambda_by_kind": lambdas, "text_column": text_column, "summary_column": summary_column,
+                "prefix": teacher.prefix, "lambda_by_kind": lambdas, "text_column": text_column, "summary_column": summary_column,
                 "family": teacher.family.name, "device": device, "dtype": options.dtype, "processes": launch.world}
     recorded = options.recorded()
     parents = [parent_ref("teacher", options.teacher), parent_ref("data", options.data)]

@@ -27,6 +27,9 @@ from modelshrink.options.distill import DistillOptions
 from modelshrink.options.quantize import QuantizeOptions
 from modelshrink.quant.model import save_quantized
 from modelshrink.quant.modules import check_quantizable, per_tensor_widths, quantize_model, weights_once
+from modelshrink.runtime.inputs import model_prefix
+from modelshrink.steps import bit_budget
+from modelshrink.training.reading import settle_reading
 from modelshrink.training.runs import TrainingRun, finished, parent_refs, reproduce_section, save_best_with, training_metrics
 from modelshrink.training.loop import enable_gradient_checkpointing, place_teacher, train
 
@@ -44,7 +47,8 @@ class Models(NamedTuple):
 STORED_AS_INTEGERS = ("Weights stored as integers: load with modelshrink (`eval`, `export`, `modelshrink.quant.model."
                       "load_quantized`); plain `transformers.from_pretrained` finds no weights file it knows and fails.")
 # Options that only a seq2seq model reads, and only a classifier reads.
-SEQ2SEQ_ONLY = ("encoder_layers", "decoder_layers", "summary_column", "num_beams", "max_length", "max_target_length")
+SEQ2SEQ_ONLY = ("encoder_layers", "decoder_layers", "summary_column", "num_beams", "max_length", "max_target_length",
+                "prefix", "target_lang", "source_lang")
 CLASSIFIER_ONLY = ("text_pair_column", "label_column")
 
 
@@ -73,30 +77,6 @@ def storage_metrics(folder: Path, model: Any, teacher_params: int) -> dict[str, 
             "compression_ratio": round(4 * teacher_params / stored, 3) if stored else None,
             "bytes_at_nominal_bits": nominal,
             "compression_ratio_at_nominal_bits": round(4 * teacher_params / nominal, 3) if nominal else None}
-
-
-def plan_metrics(plan: Any, folder: Path, training_seconds: float | None = None) -> dict[str, Any]:
-    """What a manifest records of a budget's plan: the budget, the predicted and the written size, the groups' bits,
-    and the measurement's time (and its share of the training's)."""
-    from modelshrink.quant.model import WEIGHTS_NAME
-
-    written = (Path(folder) / WEIGHTS_NAME).stat().st_size
-    out = {"budget_bytes": plan.budget_bytes, "predicted_bytes": plan.predicted_bytes, "written_bytes": written,
-           "smallest_bytes": plan.smallest_bytes, "sensitivity_seconds": plan.seconds,
-           "calibration_examples": plan.calibration_examples,
-           "bits": {name: info["bits"] for name, info in plan.groups.items()}}
-    if plan.counted_twice:  # --budget-of export: the size the budget bounds, the export's second copy counted
-        out.update(counted_twice=plan.counted_twice, bounded_bytes=plan.bounded_bytes)
-    if training_seconds:
-        out["sensitivity_share_of_training"] = round(plan.seconds / training_seconds, 4)
-    return out
-
-
-def plan_card(plan: Any) -> list[str]:
-    """The plan as a model card section."""
-    if plan is None:
-        return []
-    return ["## Bits by layer group (--budget-mb)", "", "```", *plan.table(), "```", ""]
 
 
 def _card_head(output: str | Path, options: QuantizeOptions, metrics: dict[str, Any]) -> list[str]:
@@ -170,14 +150,17 @@ def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, mod
     writer = ArtifactWriter(output, overwrite=overwrite)
     writer.check()
     device = resolve_device(options.device)
+    resolved: dict[str, Any] = {}
     if kind == "seq2seq":
         model, tokenizer, _ = load_seq2seq(models.model, device=device)
+        if options.budget_mb is not None:  # its calibration reads documents as the model does
+            resolved = settle_reading(model, tokenizer, options, f"model {options.model}", log)
     else:
         model, tokenizer = load_classifier(models.model, device=device)
     float_params = parameter_count(model)
     plan = None
     if options.budget_mb is not None:  # the model as it is teaches its quantized self on the calibration sample
-        spec, plan, counts = _direct_plan(options, kind, models.model, model, device, log)
+        spec, plan, counts = _direct_plan(options, kind, models.model, model, tokenizer, device, log)
     else:
         counts = _quantize_modules(model, options, log)
     log(f"quantized {counts['linear']} linear layers, {counts['embedding']} embedding modules, "
@@ -189,11 +172,11 @@ def quantize_direct(options: QuantizeOptions, output: str | Path, kind: str, mod
         metrics = {**storage_metrics(writer.staging, model, float_params), "modules": counts}
         if plan is not None:
             plan.save(writer.staging)
-            metrics["bit_plan"] = plan_metrics(plan, writer.staging)
-        card = _card_head(output, options, metrics) + plan_card(plan) + reproduce_section(options, output, parents)
+            metrics["bit_plan"] = bit_budget.plan_metrics(plan, writer.staging)
+        card = _card_head(output, options, metrics) + bit_budget.plan_card(plan) + reproduce_section(options, output, parents)
         (writer.staging / "README.md").write_text("\n".join(card) + "\n")
         return commit_model(writer, step="quantize", options=options.recorded(), parents=parents,
-                            metrics=metrics, resolved={"bits": asdict(spec), "kind": kind})
+                            metrics=metrics, resolved={"bits": asdict(spec), "kind": kind, **resolved})
 
 
 def _quantize_modules(model: Any, options: QuantizeOptions, log: Callable[[str], None]) -> dict[str, int]:
@@ -205,22 +188,21 @@ def _quantize_modules(model: Any, options: QuantizeOptions, log: Callable[[str],
     return counts
 
 
-def _direct_plan(options: QuantizeOptions, kind: str, source: ModelSource, model: Any, device: str,
+def _direct_plan(options: QuantizeOptions, kind: str, source: ModelSource, model: Any, tokenizer: Any, device: str,
                  log: Callable[[str], None]):
     """--method direct --budget-mb: a second, full-precision copy of the model gives the calibration's targets."""
     from modelshrink.training import classify
     from modelshrink.models.loading import load_classifier, load_seq2seq, source_length
     from modelshrink.training.seq2seq import read_pairs
-    from modelshrink.steps import bit_budget
 
     if kind == "seq2seq":
-        teacher, tokenizer, _ = load_seq2seq(source, device=device)
+        teacher, _, _ = load_seq2seq(source, device=device)
         rows = read_pairs(options.data, options.split, options, options.limit)
         length = source_length(options.max_source_length, tokenizer, model.config)
 
         def objective(sample: list[Any]) -> Any:
             return bit_budget.seq2seq_objective(sample, tokenizer, teacher.eval(), length, options.max_target_length,
-                                                options.batch_size, device)
+                                                options.batch_size, device, prefix=model_prefix(model.config))
     else:
         teacher, tokenizer = load_classifier(source, device=device)
         rows, _ = _classifier_rows(options, teacher.config)
@@ -270,6 +252,7 @@ def quantize_seq2seq(options: QuantizeOptions, output: str | Path, models: Model
     shrinking = settings.student is None
     built = build_student(settings, device, log, teacher=models.teacher, student=None if shrinking else models.model)
     student, tokenizer = built["student"], built["tokenizer"]
+    reading = settle_reading(student, tokenizer, settings, "the quantized model", log)
     check_widths(built["teacher"], student, settings)
     max_source_length = source_length(settings.max_source_length, tokenizer, student.config)
     spec, plan = options.spec, None
@@ -299,17 +282,16 @@ def quantize_seq2seq(options: QuantizeOptions, output: str | Path, models: Model
     metrics = student_metrics(student, built["teacher"], result)
     metrics.update({**storage_metrics(staging, student, metrics["teacher_parameters"]), "modules": counts})
     if plan is not None:
-        metrics["bit_plan"] = plan_metrics(plan, staging, result.seconds if result else None)
+        metrics["bit_plan"] = bit_budget.plan_metrics(plan, staging, result.seconds if result else None)
     card = model_card(settings, run.output, built["origin"], metrics, "quantize", STORED_AS_INTEGERS)
-    return run.commit(result, metrics=metrics, card=card + "\n".join(plan_card(plan)), metric=settings.metric,
-                      resolved={"bits": asdict(spec), "kind": "seq2seq", "layer_map": built["maps"],
+    return run.commit(result, metrics=metrics, card=card + "\n".join(bit_budget.plan_card(plan)), metric=settings.metric,
+                      resolved={"bits": asdict(spec), "kind": "seq2seq", **reading, "layer_map": built["maps"],
                                 "max_source_length": max_source_length})
 
 
 def _seq2seq_plan(options: QuantizeOptions, settings: DistillOptions, built: dict[str, Any], rows: list[Any],
                   max_source_length: int, staging: Path | None, accelerator: Any, log: Callable[[str], None]):
     """--budget-mb on a seq2seq student: the teacher's logits are the calibration's targets."""
-    from modelshrink.steps import bit_budget
 
     teacher, student, tokenizer = built["teacher"], built["student"], built["tokenizer"]
     device = accelerator.device
@@ -318,7 +300,7 @@ def _seq2seq_plan(options: QuantizeOptions, settings: DistillOptions, built: dic
     def objective(sample: list[Any]) -> Any:
         return bit_budget.seq2seq_objective(sample, tokenizer, teacher.to(device).eval(), max_source_length,
                                             settings.max_target_length, settings.batch_size, device,
-                                            built.get("vocab_map"))
+                                            built.get("vocab_map"), model_prefix(student.config))
 
     return bit_budget.quantize_within_budget(options, student, objective, rows, staging, log, accelerator)
 
@@ -371,7 +353,6 @@ def _classifier_plan(options: QuantizeOptions, teacher: Any, student: Any, token
                      max_length: int, run: TrainingRun):
     """--budget-mb on a classifier: the full-precision classifier's logits are the calibration's targets."""
     from modelshrink.training import classify
-    from modelshrink.steps import bit_budget
 
     device = run.accelerator.device
     student.to(device)
@@ -444,7 +425,7 @@ def quantize_classifier(options: QuantizeOptions, output: str | Path, models: Mo
     run.keep_best(result, lambda folder: save(student, folder))
     metrics = {**storage_metrics(staging, student, teacher_params), "modules": counts, **training_metrics(result)}
     if plan is not None:
-        metrics["bit_plan"] = plan_metrics(plan, staging, result.seconds)
-    card = "\n".join(_card_head(run.output, options, metrics) + plan_card(plan))
+        metrics["bit_plan"] = bit_budget.plan_metrics(plan, staging, result.seconds)
+    card = "\n".join(_card_head(run.output, options, metrics) + bit_budget.plan_card(plan))
     return run.commit(result, metrics=metrics, card=card, metric=train_options.metric,
                       resolved={"bits": asdict(spec), "kind": "classifier", "task": task, "layer_map": layer_map})

@@ -12,6 +12,8 @@ import torch
 
 from modelshrink.data import examples, open_data, pick_columns
 from modelshrink.errors import UserError
+from modelshrink.runtime.inputs import model_prefix, with_prefix
+from modelshrink.languages import language_codes
 from modelshrink.options.distill import DistillOptions
 from modelshrink.quant.modules import weights_once
 from modelshrink.training.runs import save_best_with
@@ -30,8 +32,15 @@ def read_pairs(spec: str, split: str | None, options: DistillOptions, limit: int
     return rows
 
 
-def tokenize_pairs(rows: list[Any], tokenizer: Any, max_source_length: int, max_target_length: int) -> list[dict]:
-    sources = tokenizer([r.document for r in rows], truncation=True, max_length=max_source_length)["input_ids"]
+def tokenize_pairs(rows: list[Any], tokenizer: Any, max_source_length: int, max_target_length: int,
+                   prefix: str = "") -> list[dict]:
+    """Sources (behind the model's `prefix`, modelshrink.runtime.inputs) and targets as ids; a tokenizer that marks targets
+    with a language (M2M100, NLLB) must have been told which (training.reading)."""
+    if hasattr(tokenizer, "tgt_lang") and tokenizer.tgt_lang is None and language_codes(tokenizer):
+        raise UserError(f"the tokenizer ({type(tokenizer).__name__}) marks targets with their language and none is "
+                        "set: pass --target-lang (or train on labels that name one)")
+    sources = tokenizer(with_prefix([r.document for r in rows], prefix), truncation=True,
+                        max_length=max_source_length)["input_ids"]
     targets = tokenizer(text_target=[r.reference for r in rows], truncation=True,
                         max_length=max_target_length)["input_ids"]
     return [{"input_ids": s, "labels": t, "length": len(s) + len(t)} for s, t in zip(sources, targets)]
@@ -52,6 +61,17 @@ def make_collate(pad_id: int) -> Callable[[list[dict]], dict[str, Any]]:
                 "tokens": int(mask.sum()) + int((labels != -100).sum())}
 
     return collate
+
+
+def no_layerdrop(model: Any) -> str:
+    """Turn off the LayerDrop of `model`'s stacks (M2M100's and NLLB's configs ask for 0.05): a dropped layer
+    returns no hidden state, and the layer-matched losses need every one. Returns what was on ("" for nothing)."""
+    dropped = []
+    for name, module in model.named_modules():
+        if getattr(module, "layerdrop", 0):
+            dropped.append(f"{name.rsplit('.', 1)[-1]} {module.layerdrop:g}")
+            module.layerdrop = 0.0
+    return ", ".join(dropped)
 
 
 def decoder_inputs(model: Any, labels: torch.Tensor) -> torch.Tensor:
@@ -175,7 +195,9 @@ def make_validate(rows: list[Any], tokenizer: Any, options: DistillOptions, max_
         settings = resolve_generation(model.generation_config, num_beams=options.num_beams,
                                       max_length=options.max_length)
         predictions: list[str | None] = [None] * len(rows)
-        for batch in plan_batches(iter(rows), tokenizer, options.batch_size, max_source_length):
+        batches = plan_batches(iter(rows), tokenizer, options.batch_size, max_source_length,
+                               prefix=model_prefix(model.config))
+        for batch in batches:
             padded = tokenizer.pad({"input_ids": batch.token_ids}, return_tensors="pt")
             texts = generate(model, tokenizer, padded["input_ids"].to(device), padded["attention_mask"].to(device),
                              settings)
@@ -213,7 +235,11 @@ def train_seq2seq(options: DistillOptions, built: dict[str, Any], rows: list[Any
         teacher = place_teacher(teacher, accelerator.device, options.precision, options.compile)
     else:
         teacher = None  # sequence-level distillation needs no teacher at training time
-    tokenized = tokenize_pairs(rows, tokenizer, max_source_length, options.max_target_length)
+    if built["maps"] is not None and (options.kd_hidden or options.kd_attention) and (dropped := no_layerdrop(student)):
+        log(f"LayerDrop off while hidden states and attention are matched layer by layer ({dropped}; the config keeps "
+            "its values)")
+    tokenized = tokenize_pairs(rows, tokenizer, max_source_length, options.max_target_length,
+                               model_prefix(student.config))
     validate = (make_validate(validation_rows, tokenizer, options, max_source_length, accelerator.device)
                 if validation_rows else None)
     result = train(student, tokenized, make_collate(tokenizer.pad_token_id), make_loss(options, teacher, built["maps"], built.get("vocab_map")),

@@ -87,9 +87,11 @@ def trim_student(built: dict[str, Any], rows: list[Any], log: Callable[[str], No
                  trust_remote_code: bool = False) -> dict[str, Any]:
     """`built` with its student and tokenizer trimmed to the tokens of the training rows (`--trim-vocab`,
     `models/vocabulary.py`), its `vocab_map` (student id -> teacher id) following, and what was kept."""
+    from modelshrink.runtime.inputs import model_prefix
     from modelshrink.models.vocabulary import teacher_ids, trim_reported
 
-    texts = (text for r in rows for text in (r.document, r.reference))
+    prefix = model_prefix(built["student"].config)  # the documents as the student reads them
+    texts = (text for r in rows for text in (prefix + r.document, r.reference))
     tokenizer, kept = trim_reported(built["student"], built["tokenizer"], texts, f"the {len(rows):,} training pairs",
                                     log, trust_remote_code)
     teacher_tokenizer = built.get("teacher_tokenizer")
