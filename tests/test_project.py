@@ -559,7 +559,11 @@ def test_quickstart_runs_the_chain_on_the_real_minilm(quickstart_run):
     assert sizes[0] > sizes[2] > sizes[3] > sizes[4]  # teacher > student > 8-bit > ternary
     assert "against" in json.loads((out / "eval-student-lambda2" / "metrics.json").read_text())
     deployed = summary["export"]
-    assert deployed["model"] in {summary["students"]["1"], summary["students"]["2"], *summary["quantized"].values()}
+    assert deployed["model"] in summary["quantized"].values()  # the chain ends in integers, as README draws it
+    # checked against PyTorch on validation documents; a 60-step ternary student is so sensitive to rounding that
+    # the check's verdict turns on the CPU (float64 moves its encoder output by 5-9% RMS): it is reported either way
+    assert deployed["check"] == "passed" or deployed["check"].startswith("failed: "), deployed["check"]
+    assert json.loads((Path(deployed["folder"]) / "export_report.json").read_text())["validation"]["documents"] == 2
     assert read_manifest(deployed["folder"])["step"] == "export"
     assert len(deployed["summaries"]) == budget.runtime_docs == 3
     assert (out / "runtime-summaries.jsonl").read_text().count("\n") == 3

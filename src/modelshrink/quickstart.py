@@ -10,7 +10,7 @@
 5. evaluation: teacher, both students and both quantized students on the bundled validation sample,
    the λ = 2 student tested against the λ = 1 student, side by side with their sizes on disk
    (`eval`, `eval --compare`);
-6. export: the compressed student with the best ROUGE-1 to ONNX, checked against PyTorch, its summaries
+6. export: the quantized student with the best ROUGE-1 to ONNX, checked against PyTorch, its summaries
    from the torch-free runtime (`export`, `modelshrink.runtime`).
 
 Every step writes an ordinary artifact into the output folder; the same chain can be run command by
@@ -164,7 +164,8 @@ def run_quickstart(budget: QuickstartOptions | None, output: str | Path, *, over
                            output / f"eval-{name}", progress=progress(f"eval {name}") if progress else None, log=log)
         evals.append(path)
     _, comparison = compare([str(e) for e in evals], output / "comparison", log=log)
-    deployed = deploy_best(systems, comparison, output, validation, budget, log)
+    deployed = deploy_best(systems, comparison, output, validation, budget, log,
+                           {f"student-lambda{last:g}-{bits}" for bits in quantized})
     summary = {"teacher": str(teacher), "students": {f"{k:g}": str(v) for k, v in students.items()},
                "quantized": {k: str(v) for k, v in quantized.items()},
                "evals": [str(e) for e in evals], "comparison": comparison, "export": deployed}
@@ -173,9 +174,10 @@ def run_quickstart(budget: QuickstartOptions | None, output: str | Path, *, over
 
 
 def deploy_best(systems: list[tuple[str, Path]], comparison: dict[str, Any], output: Path, validation: str,
-                budget: QuickstartOptions, log: Callable[[str], None]) -> dict[str, Any]:
-    """Export the compressed student with the best ROUGE-1 to ONNX (validated against PyTorch), then
-    summarize a few validation documents with the torch-free runtime in a separate process."""
+                budget: QuickstartOptions, log: Callable[[str], None], among: set[str]) -> dict[str, Any]:
+    """Export the system of `among` (the quantized students: the chain ends in integers, as README draws it) with
+    the best ROUGE-1 to ONNX (validated against PyTorch), then summarize a few validation documents with the
+    torch-free runtime in a separate process."""
     import subprocess
     import sys
 
@@ -184,12 +186,13 @@ def deploy_best(systems: list[tuple[str, Path]], comparison: dict[str, Any], out
     from modelshrink.options.export import ExportOptions
 
     scored = [(row.get("rouge1") or 0.0, -(row.get("bytes_on_disk") or 0), name, path)
-              for row, (name, path) in zip(comparison["systems"], systems) if name != "teacher"]
+              for row, (name, path) in zip(comparison["systems"], systems) if name in among]
     _, _, name, model = max(scored)
-    log(f"6/6 export {name} (best ROUGE-1 of the compressed students) to ONNX; summaries from the torch-free runtime")
+    log(f"6/6 export {name} (best ROUGE-1 of the quantized students) to ONNX; summaries from the torch-free runtime")
     folder = output / "export"
     try:
-        export_model(ExportOptions(model=str(model), samples=2, generation_docs=budget.runtime_docs,
+        # checked on validation documents (not the tokenizer's random words), as a user exports with --data
+        export_model(ExportOptions(model=str(model), data=validation, samples=2, generation_docs=budget.runtime_docs,
                                    max_source_length=budget.max_source_length), folder, log=log)
         check = "passed"
     except CheckFailed as e:  # the folder and its report are written; the chain goes on and says so
