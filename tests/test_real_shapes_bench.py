@@ -1,0 +1,41 @@
+"""benchmarks/real_shapes.py runs end to end on a checkpoint's config shrunk (--small): both exports timed with
+their peak memory, every system measured."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hub_kits import CHECKPOINTS
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "real_shapes.py"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CHECKPOINTS.is_dir(), reason="../shared/checkpoints is absent")
+def test_real_shapes_small_run_exports_measures_and_reports_memory(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    import real_shapes
+
+    monkeypatch.setattr(sys, "argv", [str(BENCH), "--small", "--kits", "google-t5--t5-small", "--docs", "2",
+                                      "--no-write", "--output", str(tmp_path)])
+    monkeypatch.setattr(torch, "set_num_interop_threads", lambda threads: None)
+    threads = torch.get_num_threads()
+    try:
+        real_shapes.main()
+    finally:
+        torch.set_num_threads(threads)
+    report = json.loads((tmp_path / "google-t5--t5-small" / "results.json").read_text())
+    for form in ("fp32", "int8"):
+        export = report["exports"][form]
+        assert export["check"] == "passed" and 0 < export["peak_rss"] and 0 < export["bytes"], export
+    expected = {"torch", "fp32", "int8"} | ({"ct2-int8"} if importlib.util.find_spec("ctranslate2") else set())
+    assert set(report["results"]) == expected
+    assert all(r["same"] == 2 for r in report["results"].values()), report["results"]
+    out = capsys.readouterr().out
+    assert "| export fp32 |" in out and "× the float model's" in out
