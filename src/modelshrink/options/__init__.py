@@ -76,7 +76,7 @@ def key_of(f: dataclasses.Field) -> str:
 
 
 def _choices_text(choices: tuple[Any, ...]) -> str:
-    names = [str(c) for c in choices]
+    names = [str(c) for c in choices if c is not None]  # None: the option left out, not a value to type
     return " or ".join(names) if len(names) == 2 else "one of " + ", ".join(names)
 
 
