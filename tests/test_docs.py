@@ -513,9 +513,6 @@ def test_every_code_block_of_the_built_site_fits_the_page(site):
     assert not wide, "\n".join(wide)
 
 
-@pytest.mark.xfail(strict=True, reason="the Examples of the step functions' docstrings (src/modelshrink/steps/*.py, "
-                                       "runtime/model.py), which mkdocstrings renders, are wider than the page: "
-                                       "rewrap them there, then drop this mark")
 def test_the_python_api_pages_code_fits_the_page(site):
     width = _code_width()
     wide = _over(_site_code(site / "reference" / "api" / "index.html"), width)

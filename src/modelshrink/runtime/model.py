@@ -411,7 +411,7 @@ def load(folder: str | os.PathLike, threads: int | None = None, spin: bool = Fal
     Torch-free; `modelshrink.load` is this function, and `modelshrink run` its command line.
 
     ```python
-    import modelshrink   # or, with no torch installed: from modelshrink.runtime import load
+    import modelshrink  # without torch: from modelshrink.runtime import load
 
     model = modelshrink.load("student-onnx")
     print(model.summarize(["a long document ..."], batch_size=16))

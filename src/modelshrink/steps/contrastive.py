@@ -187,8 +187,9 @@ def contrastive(options: ContrastiveOptions, output: str | Path, *, overwrite: b
     from modelshrink import ContrastiveOptions
 
     # a 3-layer student copied from the fine-tuned teacher, trained by full ACKD
-    student = modelshrink.contrastive(ContrastiveOptions(data="sentences.jsonl", teacher="classifier", layers=3,
-                                                         epochs=3), "student-3l")
+    options = ContrastiveOptions(data="sentences.jsonl", teacher="classifier",
+                                 layers=3, epochs=3)
+    student = modelshrink.contrastive(options, "student-3l")
     ```
     """
     from modelshrink.training import classify

@@ -36,9 +36,11 @@ def distill(options: DistillOptions, output: str | Path, *, overwrite: bool = Fa
     import modelshrink
     from modelshrink import DistillOptions
 
-    # a 12-3 student (decoder layers 0, 6, 11 of the teacher) on PLATE labels, validated by ROUGE-2
-    student = modelshrink.distill(DistillOptions(data="labels", teacher="teacher", decoder_layers=3, epochs=3,
-                                                 validation="valid.jsonl", eval_every=500), "student")
+    # a 12-3 student (decoder layers 0, 6, 11 of the teacher) on PLATE
+    # labels, validated by ROUGE-2
+    options = DistillOptions(data="labels", teacher="teacher", decoder_layers=3,
+                             epochs=3, validation="valid.jsonl", eval_every=500)
+    student = modelshrink.distill(options, "student")
     ```
     """
     from modelshrink.models.loading import resolve_device, save_model, source_length

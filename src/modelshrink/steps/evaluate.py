@@ -100,9 +100,11 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
     import modelshrink
     from modelshrink import EvalOptions
 
-    # ROUGE with 95% intervals, size and latency, and a paired test against the teacher's evaluation
-    path, metrics = modelshrink.evaluate(EvalOptions(model="student", data="valid.jsonl", against="eval-teacher"),
-                                         "eval-student")
+    # ROUGE with 95% intervals, size and latency, and a paired test
+    # against the teacher's evaluation
+    options = EvalOptions(model="student", data="valid.jsonl",
+                          against="eval-teacher")
+    path, metrics = modelshrink.evaluate(options, "eval-student")
     print(metrics["rougeL"], metrics["ci95"]["rougeL"], metrics["against"])
     ```
     """

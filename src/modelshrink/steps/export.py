@@ -222,8 +222,10 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     import modelshrink
     from modelshrink import ExportOptions
 
-    folder, report = modelshrink.export(ExportOptions(model="student", int8=True), "student-onnx")
-    print(report["validation"]["max_abs_diff"], modelshrink.load(folder).summarize(["a long document ..."]))
+    options = ExportOptions(model="student", int8=True)
+    folder, report = modelshrink.export(options, "student-onnx")
+    print(report["validation"]["max_abs_diff"])
+    print(modelshrink.load(folder).summarize(["a long document ..."]))
     ```
     """
     from modelshrink.models.loading import source_length

@@ -40,8 +40,9 @@ def pseudolabel(options: PseudolabelOptions, output: str | Path, *, overwrite: b
     from modelshrink import PseudolabelOptions
 
     # PLATE labels: the teacher's attention at temperature λ = 2, beam 4
-    labels = modelshrink.pseudolabel(PseudolabelOptions(teacher="teacher", data="docs.jsonl", lam=2.0,
-                                                        num_beams=4), "labels")
+    options = PseudolabelOptions(teacher="teacher", data="docs.jsonl",
+                                 lam=2.0, num_beams=4)
+    labels = modelshrink.pseudolabel(options, "labels")
     ```
     """
     from modelshrink.models.loading import resolve_device

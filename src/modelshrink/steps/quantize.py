@@ -116,9 +116,11 @@ def quantize(options: QuantizeOptions, output: str | Path, *, overwrite: bool = 
     import modelshrink
     from modelshrink import QuantizeOptions
 
-    # DQ-BART 2-2-8: ternary weights and embeddings, 8-bit activations, the float model teaching
-    small = modelshrink.quantize(QuantizeOptions(model="student", bits="2-2-8", data="labels", epochs=3),
-                                 "student-228")
+    # DQ-BART 2-2-8: ternary weights and embeddings, 8-bit activations,
+    # the float model teaching
+    options = QuantizeOptions(model="student", bits="2-2-8", data="labels",
+                              epochs=3)
+    small = modelshrink.quantize(options, "student-228")
     ```
     """
     from modelshrink.models.loading import resolve_device
