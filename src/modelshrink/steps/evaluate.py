@@ -100,8 +100,7 @@ def evaluate(options: EvalOptions, output: str | Path, *, overwrite: bool = Fals
     import modelshrink
     from modelshrink import EvalOptions
 
-    # ROUGE with 95% intervals, size and latency, and a paired test
-    # against the teacher's evaluation
+    # ROUGE with 95% intervals, size, latency, a paired test against the teacher
     options = EvalOptions(model="student", data="valid.jsonl",
                           against="eval-teacher")
     path, metrics = modelshrink.evaluate(options, "eval-student")

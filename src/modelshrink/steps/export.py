@@ -224,7 +224,6 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
 
     options = ExportOptions(model="student", int8=True)
     folder, report = modelshrink.export(options, "student-onnx")
-    print(report["validation"]["max_abs_diff"])
     print(modelshrink.load(folder).summarize(["a long document ..."]))
     ```
     """
