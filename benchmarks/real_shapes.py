@@ -191,8 +191,22 @@ def main() -> None:
                                                          "notes": notes}, indent=2))
         if not args.output:
             shutil.rmtree(folder)
-    publish("real_shapes", "Real checkpoint shapes: export, memory and speed", "\n".join(lines),
-            write=not args.no_write and not args.small)
+    write = not args.no_write and not args.small
+    publish("real_shapes", "Real checkpoint shapes: export, memory and speed",
+            "\n".join(lines + (earlier_rows(kits) if write else [])), write=write)
+
+
+def earlier_rows(kits: list[str]) -> list[str]:
+    """The rows BENCHMARKS.md holds for checkpoints this run did not measure (a checkpoint's rows come from its
+    own run, at the parameters the line above the table names; each checkpoint takes minutes to an hour)."""
+    from _report import BENCHMARKS
+
+    text = BENCHMARKS.read_text() if BENCHMARKS.exists() else ""
+    if "<!-- real_shapes:begin -->" not in text:
+        return []
+    section = text.split("<!-- real_shapes:begin -->", 1)[1].split("<!-- real_shapes:end -->", 1)[0]
+    return [line for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| checkpoint") and line.split(" ")[1] not in kits]
 
 
 if __name__ == "__main__":

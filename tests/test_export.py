@@ -43,6 +43,11 @@ def test_every_family_exports_a_complete_validated_folder(exports, family):
     assert verify_files(folder) == []
     report = json.loads((folder / "export_report.json").read_text())["validation"]
     assert report["generation"]["equal"] and report["generation"]["agreement"] == "4/4"
+    # the float bound: 1e-4 where an output's magnitude is at most 1, a share of it above (a real-size model's
+    # logits reach the hundreds); every output was held to it
+    assert report["tolerance"] == "0.0001 x max(1, each output's largest magnitude)"
+    assert all(e["passed"] and e["max_abs_diff"] <= 1e-4 * max(1.0, e["reference_max_abs"])
+               for e in report["outputs"].values())
     assert "decoder_model_merged.onnx[with past]:logits" in report["outputs"]
     assert "decoder_model_merged.onnx[first step]:present.0.encoder.key" in report["outputs"]
 
@@ -272,6 +277,7 @@ def test_outputs_beyond_atol_exit_3_after_writing_the_report(plain_models, tmp_p
     assert str(out) in result.stdout
     assert (out / "export_report.json").is_file() and read_manifest(out)["metrics"]["passed"] is False
     assert "differ from PyTorch" in result.output
+    assert json.loads((out / "export_report.json").read_text())["validation"]["tolerance"] == 1e-12  # as given
 
 
 def _refused(args: list[str], out: Path, message: str) -> None:

@@ -78,9 +78,10 @@ class ExportOptions(Options):
                                  "bert2bert). Both run with modelshrink.runtime.", choices=LAYOUTS)
     validate: bool = opt(True, "Check outputs and generated tokens against PyTorch.", panel=CHECK)
     atol: float | None = opt(None, "Largest allowed absolute difference of any output (padded source positions are not "
-                                   "compared). [default: 1e-4; with --int8, an RMS difference of a quarter of each "
-                                   "output's RMS; with --int4, 0.6 of it; for a quantize artifact, 0.1, or twice the most "
-                                   "that PyTorch in float64 moves an output, if more]", panel=CHECK, above=0)
+                                   "compared). [default: 1e-4, times the output's largest magnitude where it exceeds "
+                                   "1; with --int8, an RMS difference of a quarter of each output's RMS; with --int4, "
+                                   "0.6 of it; for a quantize artifact, 0.1, or twice the most that PyTorch in float64 "
+                                   "moves an output, if more]", panel=CHECK, above=0)
     data: str | None = opt(None, "Documents to validate on. [default: made from the tokenizer's vocabulary]",
                            panel=CHECK)
     text_column: str | None = opt(None, "Document column of --data. [default: auto]", panel=CHECK)
