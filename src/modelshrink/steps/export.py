@@ -276,8 +276,7 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
             log(f"validating against PyTorch on {len(texts)} documents")
             check = validate(model, tokenizer, folder, kind, texts, max_source_length, atol=atol, rtol=rtol,
                              rms=options.int8 or options.int4 or bool(quantized), float_rounding=bool(quantized),
-                             scaled=options.atol is None and rtol is None, generation_docs=options.generation_docs,
-                             log=log)
+                             scaled=options.atol is None, generation_docs=options.generation_docs, log=log)
             report["validation"] = check
             failure = check.get("failure")
         (folder / "export_report.json").write_text(json.dumps(report, indent=2) + "\n")
