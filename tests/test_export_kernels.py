@@ -402,13 +402,14 @@ def test_a_model_that_rounds_its_activations_is_bounded_by_what_float64_moves_it
     from modelshrink.onnx import validate as check
 
     monkeypatch.setattr(check, "load", lambda folder: object())
-    monkeypatch.setattr(check, "FloatTwin", lambda model, kind, runtime: "twin")
     diffs = {"runtime": {"encoder": 0.15, "decoder": 0.12}, "twin": {"encoder": moved, "decoder": 0.0}}
-    monkeypatch.setattr(check, "output_differences", lambda model, tokenizer, runtime, *rest: {
-        name: {"max_abs_diff": r, "reference_max_abs": 1.0, "rms_ratio": r}
-        for name, r in diffs["twin" if runtime == "twin" else "runtime"].items()})
-    report = check.validate(None, None, tmp_path, "seq2seq", ["a document"], 16, atol=None, rtol=check.QUANTIZED_RTOL,
-                            generation_docs=0, rms=True, float_rounding=True)
+    as_report = {tag: {name: {"max_abs_diff": r, "reference_max_abs": 1.0, "rms_ratio": r} for name, r in d.items()}
+                 for tag, d in diffs.items()}
+    monkeypatch.setattr(check, "output_differences", lambda ref, runtime: as_report["runtime"])
+    monkeypatch.setattr(check, "twin_differences", lambda ref, merged: as_report["twin"])
+    step = check.Step("encoder", {}, ["last_hidden_state"], [], twin=[])  # the reference holds the twin's outputs
+    ref = check.Reference("seq2seq", ["a document"], None, None, [step])
+    report = check.validate(ref, tmp_path, atol=None, rtol=check.QUANTIZED_RTOL, rms=True)
     assert (report["failure"] is None) == passed
     assert report["outputs"]["decoder"]["float64_rms_ratio"] == 0.0 and report["outputs"]["decoder"]["passed"] == passed
     assert ("float64" in report["tolerance"]) == passed  # the bound says where it came from when the twin sets it

@@ -80,12 +80,13 @@ def uint8_blocks(weight: np.ndarray, block_size: int, per_channel: bool = True) 
     scale = ((high - low) / 255).astype(np.float32)
     scale = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
     zero = np.clip(np.round(-low / scale), 0, 255)
-    codes = np.clip(np.round(weight / scale) + zero, 0, 255)
+    codes = weight / scale  # rounded and shifted in place: one copy of the weight, not four
+    np.clip(np.add(np.round(codes, out=codes), zero, out=codes), 0, 255, out=codes)
     scale, zero = np.broadcast_to(scale, (n,)), np.broadcast_to(zero, (n,))
     groups = -(-k // block_size)
-    padded = np.broadcast_to(zero, (groups * block_size, n)).copy()
+    padded = np.broadcast_to(zero, (groups * block_size, n)).astype(np.uint8)
     padded[:k] = codes
-    return lowbit.Blocks(padded.T.reshape(n, groups, block_size).astype(np.uint8),
+    return lowbit.Blocks(np.ascontiguousarray(padded.T).reshape(n, groups, block_size),
                          np.ascontiguousarray(np.repeat(scale[:, None], groups, axis=1), dtype=np.float32),
                          np.repeat(zero[:, None], groups, axis=1).astype(np.uint8), 8, k)
 
@@ -94,9 +95,11 @@ def int8_blocks(weight: np.ndarray, block_size: int, per_channel: bool = True) -
     """A [K, N] weight as symmetric int8 codes b = round(w / s), |b| <= 127, with s = max |w| / 127 per output
     column (`per_channel`) or for the whole tensor, as onnxruntime's dynamic quantization rounds a QInt8 weight:
     the codes the `s8` kernel multiplies (stored as b + 128 under the default zero point, `integer_blocks`)."""
-    peak = np.abs(weight).max(axis=0 if per_channel else None).astype(np.float32)
+    axis = 0 if per_channel else None
+    peak = np.maximum(weight.max(axis=axis), -weight.min(axis=axis)).astype(np.float32)
     scale = np.where(peak > 0, peak / 127, np.float32(1.0)).astype(np.float32)
-    b = np.clip(np.round(weight / scale), -127, 127)
+    b = weight / scale  # rounded in place: one copy of the weight, not four
+    np.clip(np.round(b, out=b), -127, 127, out=b)
     return lowbit.integer_blocks(b, scale, 8, block_size)
 
 
@@ -151,8 +154,11 @@ def quantize_int8(path: Path, per_channel: bool, choice: KernelChoice) -> dict[s
     biases = fuse_bias(model.graph, graph.integer_nodes)
     onnx.save(model, str(path))
     floats = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
-    if any(node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in floats
-           for node in model.graph.node):
+    left = any(node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in floats
+               for node in model.graph.node)
+    summary = graph.summary("int8")
+    del model, graph  # onnxruntime's quantization below reads the file, with copies of its own
+    if left:
         tmp = path.with_suffix(".int8.onnx")
         root = logging.getLogger()
         level = root.level
@@ -168,5 +174,4 @@ def quantize_int8(path: Path, per_channel: bool, choice: KernelChoice) -> dict[s
         tmp.replace(path)
     tables = quantize_embeddings(path)
     return {"int8_matmuls": nodes, "int8_weights": weights, "int8_tables": tables, "biases_fused": biases,
-            "kernels": choice.report(),
-            **graph.summary("int8")}
+            "kernels": choice.report(), **summary}

@@ -42,6 +42,10 @@ ROWS = {ENCODER: (64, 1024), CLASSIFIER: (64, 1024), DECODER: (4, 64), DECODER_W
 REPEATS = 5
 MARGIN = 1.10  # scores within 10% of the fastest are a tie, broken by the weight bytes a call reads
 BYTES_READ = {NBITS: None, S8: 1.0, INT8: 1.0, FLOAT: 4.0}  # per weight; nbits reads its codes: bits / 8
+# A wider weight (a vocabulary projection) is measured on this many of its columns: past a few thousand a kernel's
+# time grows with the columns alone, and every candidate's session holds its own unpacked copy of the weight (a
+# 1024 x 50264 projection's measurement took 1.9 GB, the peak of distilbart-cnn's --int8 export: issue 78)
+MEASURED_COLUMNS = 8192
 
 
 def rows_for(graph: str) -> tuple[int, ...]:
@@ -135,7 +139,7 @@ class KernelChoice:
         key = f"{k}x{n} " + ", ".join(f"{kernel}/{bits}" for kernel, bits in candidates)
         shared = (key, self.rows, block_size, zero_points)
         if shared not in self.measured:
-            times = measure(k, n, candidates, self.rows, block_size, zero_points, self.threads)
+            times = measure(k, min(n, MEASURED_COLUMNS), candidates, self.rows, block_size, zero_points, self.threads)
             score = {name: math.exp(statistics.fmean(math.log(t) for t in by_rows.values()))
                      for name, by_rows in times.items()}
             fastest = min(score.values())
@@ -143,6 +147,8 @@ class KernelChoice:
                        key=lambda name: (_bytes_read(name), KERNELS.index(name.split("/")[0]), score[name]))
             self.measured[shared] = {"chosen": best, "ms": {name: {str(r): round(t * 1e3, 4) for r, t in by_rows.items()}
                                                             for name, by_rows in times.items()}}
+            if n > MEASURED_COLUMNS:
+                self.measured[shared]["measured_columns"] = MEASURED_COLUMNS
         self.decisions[key] = self.measured[shared]
         kernel, bits = self.decisions[key]["chosen"].split("/")
         return kernel, int(bits)

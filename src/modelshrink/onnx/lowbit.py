@@ -256,9 +256,9 @@ def integer_blocks(b: np.ndarray, scale: np.ndarray, bits: int, block_size: int)
     k, n = b.shape
     blocks = -(-k // block_size)
     zero = 2 ** (bits - 1)
-    padded = np.full((blocks * block_size, n), zero, dtype=np.int16)
-    padded[:k] = b.astype(np.int16) + zero
-    codes = padded.T.reshape(n, blocks, block_size).astype(np.uint8)
+    padded = np.full((blocks * block_size, n), zero, dtype=np.uint8)  # b + zero is in [1, 2^bits - 1]
+    np.add(b, np.int16(zero), out=padded[:k], casting="unsafe")  # no copy of b: a real-size vocabulary's is 200 MB
+    codes = np.ascontiguousarray(padded.T).reshape(n, blocks, block_size)
     scales = np.broadcast_to(np.asarray(scale, dtype=np.float32).reshape(-1, 1) if np.ndim(scale) else
                              np.float32(scale), (n, blocks)).astype(np.float32)
     return Blocks(codes, np.ascontiguousarray(scales), None, bits, k)

@@ -5,6 +5,7 @@ projection stored once (`transposed_pairs`), and the integer kernels' biases tak
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -24,8 +25,11 @@ class LowBitGraph:
         self.added: list[Any] = []
         self.after: list[tuple[Any, list[Any]]] = []  # (node, nodes to insert right after it)
         self.bytes_before = self.bytes_after = 0
-        # constant nodes that unpack codes, folded when a session loads the graph
-        self.unpacking = LoadTimeUnpacking(self._store)
+        # constant nodes that unpack codes, folded when a session loads the graph; they store through a weak
+        # reference: a bound method would make a cycle that keeps the whole model in memory until the collector
+        # runs (the --int8 export of distilbart-cnn's shape held each graph rewritten before: 5.5 GB, issue 78)
+        this = weakref.proxy(self)
+        self.unpacking = LoadTimeUnpacking(lambda name, value: this._store(name, value))
         self.kernels: dict[str, int] = {}  # kernel -> matmul nodes computing with it
         self.widths: set[int] = set()  # bits of the codes stored
         self.integer_nodes: list[Any] = []  # the nodes whose kernel rounds its activations to integers itself
@@ -175,7 +179,6 @@ class LowBitGraph:
         nothing reads (a table's packed zero points where no matmul shares them) is left out."""
         from onnx import helper, numpy_helper
 
-        kept = [i for i in self.graph.initializer if i.name not in self.removed]
         read = {name for node in [*_all_nodes(self.graph), *self.unpacking.nodes,
                                   *(n for _, after in self.after for n in after)] for name in node.input}
         unread = [i for i in self.added if i.name not in read]  # a lookup's packed zero points no matmul reads
@@ -183,8 +186,12 @@ class LowBitGraph:
             value = numpy_helper.to_array(init)
             self.bytes_after -= value.nbytes
             self.stored_values -= value.size
-        del self.graph.initializer[:]
-        self.graph.initializer.extend(kept + [i for i in self.added if i.name in read])
+        # the replaced ones deleted in place: rebuilding the list would copy every weight kept (a real-size
+        # vocabulary's table and projection, 400 MB, at the peak of the --int8 export: issue 78)
+        for index in reversed([at for at, i in enumerate(self.graph.initializer) if i.name in self.removed]):
+            del self.graph.initializer[index]
+        self.graph.initializer.extend(i for i in self.added if i.name in read)
+        self.added = []
         for node, after in self.after:
             at = list(self.graph.node).index(node) + 1
             for offset, extra in enumerate(after):

@@ -31,21 +31,23 @@ def merge_decoders(folder: Path) -> dict[str, int]:
     two graphs separately, so the same weight can carry two names). In the with-past branch the
     cross-attention outputs, which never change after the first step, are empty tensors: the caller
     keeps the first step's. The two graphs are removed afterwards. Works on float and on int8 graphs
-    (dynamic quantization of a weight is deterministic, so both graphs hold the same int8 copy)."""
+    (dynamic quantization of a weight is deterministic, so both graphs hold the same int8 copy).
+
+    The first step's model becomes the merged one in place, its weights never copied: the peak holds the two
+    graphs as loaded (a BART of distilbart-cnn's shape: 6.6 GB with copies at each step, issue 78)."""
     import onnx
     from onnx import helper
 
     models = {"first": onnx.load(str(folder / DECODER)), "past": onnx.load(str(folder / DECODER_WITH_PAST))}
-    shared, renamed, total = _shared_initializers(models)
-    outer = {i.name: i for tag in ("past", "first") for i in models[tag].graph.input}  # first's input_ids: any length
+    renamed, total, kept = _share_initializers(models)
+    outer = {i.name: _copy(i) for tag in ("past", "first") for i in models[tag].graph.input}  # first's: any length
     first_outputs = [o.name for o in models["first"].graph.output]
     past_outputs = {o.name for o in models["past"].graph.output}
     then_branch = _branch(models, renamed["past"], outer, "past", [n for n in first_outputs if n not in past_outputs])
     else_branch = _branch(models, renamed["first"], outer, "first", [])
-    constants = _hoist_constants([then_branch, else_branch], set(shared))
+    constants = _hoist_constants([then_branch, else_branch], kept)
     inputs = [outer[name] for name in dict.fromkeys(
         [i.name for i in models["first"].graph.input] + [i.name for i in models["past"].graph.input])]
-    flag = helper.make_tensor_value_info("use_cache_branch", onnx.TensorProto.BOOL, [1])
     outputs = []
     for o in models["first"].graph.output:
         info = onnx.ValueInfoProto()
@@ -54,46 +56,74 @@ def merge_decoders(folder: Path) -> dict[str, int]:
         outputs.append(info)
     node = helper.make_node("If", ["use_cache_branch"], first_outputs, name="use_cache_branch_if",
                             then_branch=then_branch, else_branch=else_branch)
-    graph = helper.make_graph([*constants, node], "decoder_merged", [*inputs, flag], outputs, initializer=list(shared.values()))
-    first = models["first"]
-    merged = helper.make_model(graph, opset_imports=list(first.opset_import), producer_name="modelshrink",
-                               ir_version=first.ir_version)
     # what a rewrite of the decoder with past recorded for the runtime (modelshrink.onnx.cross_attention)
-    merged.metadata_props.extend(p for p in models["past"].metadata_props if p.key.startswith("modelshrink."))
+    metadata = [_copy(p) for p in models["past"].metadata_props if p.key.startswith("modelshrink.")]
+    merged = models.pop("first")
+    del models  # the decoder with past's weights: those it shares are the first step's, the rest were moved
+    graph = merged.graph
+    for field in ("node", "input", "output", "value_info", "sparse_initializer", "quantization_annotation"):
+        del getattr(graph, field)[:]
+    graph.node.extend([*constants, node])
+    graph.input.extend([*inputs, helper.make_tensor_value_info("use_cache_branch", onnx.TensorProto.BOOL, [1])])
+    graph.output.extend(outputs)
+    graph.name, graph.doc_string = "decoder_merged", ""
+    merged.producer_name, merged.producer_version, merged.doc_string = "modelshrink", "", ""
+    del merged.metadata_props[:]
+    merged.metadata_props.extend(metadata)
     onnx.save(merged, str(folder / DECODER_MERGED))
     (folder / DECODER).unlink()
     (folder / DECODER_WITH_PAST).unlink()
-    return {"initializers": total, "shared": total - len(shared), "constant_nodes_hoisted": len(constants)}
+    return {"initializers": total, "shared": total - len(kept), "constant_nodes_hoisted": len(constants)}
 
 
-def _shared_initializers(models: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, str]], int]:
-    """The initializers of both graphs, each value once: (name -> initializer, for each graph its names -> the
-    shared names, how many the graphs held). An overridable input's default (onnx/self_attention.py) keeps its own
-    name."""
-    import onnx
+def _copy(message: Any) -> Any:
+    new = type(message)()
+    new.CopyFrom(message)
+    return new
+
+
+def _share_initializers(models: dict[str, Any]) -> tuple[dict[str, dict[str, str]], int, set[str]]:
+    """Each value once, in the first step's graph: its duplicates removed, the decoder with past's own values moved
+    into it (the shared ones are not copied). Returns (for each graph its names -> the kept names, how many
+    initializers the graphs held, the kept names). An overridable input's default (onnx/self_attention.py) keeps
+    its own name."""
     from onnx import numpy_helper
 
-    shared: dict[str, Any] = {}
+    kept: set[str] = set()
     by_value: dict[tuple, str] = {}
     total = 0
     renamed: dict[str, dict[str, str]] = {}
+    target = models["first"].graph.initializer
     for tag, model in models.items():
         mapping = renamed[tag] = {}
         overridable = {i.name for i in model.graph.input}
-        for init in model.graph.initializer:
+        dropped, moved = [], []
+        for index, init in enumerate(model.graph.initializer):
             total += 1
             key = (init.data_type, tuple(init.dims), _digest(numpy_helper.to_array(init)))
             name = by_value.get(key) if init.name not in overridable else None
             if name is None:
-                name = init.name if init.name not in shared else f"{tag}/{init.name}"
-                copy = onnx.TensorProto()
-                copy.CopyFrom(init)
-                copy.name = name
-                shared[name] = copy
+                name = init.name if init.name not in kept else f"{tag}/{init.name}"
+                kept.add(name)
                 if init.name not in overridable:
                     by_value[key] = name
+                if tag != "first" or name != init.name:
+                    moved.append((index, name))
+            elif tag == "first":
+                dropped.append(index)
             mapping[init.name] = name
-    return shared, renamed, total
+        for index, name in moved:
+            if tag == "first":
+                target[index].name = name
+            else:
+                copy = target.add()
+                copy.CopyFrom(model.graph.initializer[index])
+                copy.name = name
+        for index in reversed(dropped):
+            del target[index]
+        if tag != "first":
+            del model.graph.initializer[:]
+    return renamed, total, kept
 
 
 def _branch(models: dict[str, Any], mapping: dict[str, str], outer: dict[str, Any], tag: str,
@@ -201,12 +231,15 @@ def store_tied_once(path: Path) -> dict[str, int]:
 
     model = onnx.load(str(path))
     graph = model.graph
-    matrices = {i.name: numpy_helper.to_array(i) for i in graph.initializer
-                if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2 and i.dims[0] * i.dims[1] >= 256}
-    by_value = {(value.shape, _digest(value)): name for name, value in matrices.items()}
+    by_value, transposed = {}, {}  # digests only: one matrix in memory at a time beside the graph
+    for init in graph.initializer:
+        if init.data_type == onnx.TensorProto.FLOAT and len(init.dims) == 2 and init.dims[0] * init.dims[1] >= 256:
+            value = numpy_helper.to_array(init)
+            by_value[(value.shape, _digest(value))] = init.name
+            transposed[init.name] = (value.shape[::-1], _digest(value.T))
     found = {}
-    for name, value in matrices.items():
-        source = by_value.get((value.shape[::-1], _digest(value.T)))
+    for name, key in transposed.items():
+        source = by_value.get(key)
         if source is not None and source != name and source not in found:
             found[name] = source
     if not found:

@@ -12,10 +12,15 @@ Two checks, both on documents the export did not trace with (other batch size, l
    batch to both); for classifiers, the predicted labels.
    A float32 export must agree everywhere; differences of int8 and int4 graphs and of quantized artifacts
    (whose activations round at 8 bits) are listed, not failed.
+
+PyTorch's side (`reference`) is computed first, from the model the export traced; the export then frees the
+model before it rewrites the graphs and opens them in onnxruntime (`validate`), so its peak memory holds one of
+the two, not both.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,7 +30,7 @@ import torch
 from modelshrink.errors import CheckFailed
 from modelshrink.families import decoder_layer_count
 from modelshrink.onnx.graphs import ClassifierGraph, DecoderGraph, EncoderGraph, present_names, sample_decoder_ids
-from modelshrink.runtime.files import DECODER, DECODER_MERGED, DECODER_WITH_PAST
+from modelshrink.runtime.files import CLASSIFIER, DECODER, DECODER_MERGED, DECODER_WITH_PAST, ENCODER
 from modelshrink.runtime.model import load
 
 DIFFERENCES_LISTED = 10
@@ -67,51 +72,118 @@ FLOAT_ROUNDING_FACTOR = 2.0
 INT4_RTOL = 0.6
 
 
-class _Session:
-    def __init__(self, run: Callable[[dict[str, np.ndarray]], list[np.ndarray]]):
-        self._run = run
+@dataclass
+class Step:
+    """One graph's inputs and what PyTorch computed from them (`twin`: the float64 model's outputs)."""
+    graph: str  # encoder, first (the decoder's first step), past (a step with past), classifier
+    feed: dict[str, np.ndarray]
+    names: list[str]
+    expected: list[np.ndarray]
+    twin: list[np.ndarray] | None = None
 
-    def run(self, _names: Any, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return self._run(feed)
+
+@dataclass
+class Reference:
+    """What the PyTorch model computes on the check's inputs, taken before the export frees it: the model and the
+    onnxruntime sessions of its export are never in memory together (issue 78: export's peak memory)."""
+    kind: str
+    texts: list[str]
+    tokenizer: Any
+    mask: np.ndarray | None  # the source's padding, for the outputs that hold a vector per source token
+    steps: list[Step]
+    documents: dict[str, np.ndarray] = field(default_factory=dict)  # the generation check's batch
+    expected: dict[str, tuple[int, list[list[int]]]] | list = field(default_factory=dict)  # mode -> (beams, ids)
 
 
-def _tensor(value: np.ndarray) -> torch.Tensor:
+def _tensor(value: np.ndarray, double: bool) -> torch.Tensor:
     tensor = torch.from_numpy(np.ascontiguousarray(value))
-    return tensor.double() if tensor.is_floating_point() else tensor
+    return tensor.double() if double and tensor.is_floating_point() else tensor
 
 
 def _array(value: torch.Tensor) -> np.ndarray:
     return value.detach().float().numpy()
 
 
-class FloatTwin:
-    """The PyTorch model in float64 behind the runtime's interface (`output_differences` reads it as it reads an
-    export): the same arithmetic with other float rounding. How far it moves from the float32 model is how far
-    float rounding alone moves a quantized model, whose roundings of activations flip at near ties."""
+def _run_step(model: Any, step: Step, double: bool = False) -> list[np.ndarray]:
+    """The PyTorch graph behind `step` on its inputs (in float64 with `double`: the model converted beforehand)."""
+    feed = {name: _tensor(value, double) for name, value in step.feed.items()}
+    with torch.no_grad():
+        if step.graph == "classifier":
+            return [_array(ClassifierGraph(model, list(feed)).eval()(*feed.values()))]
+        if step.graph == "encoder":
+            return [_array(EncoderGraph(model).eval()(feed["input_ids"], feed["attention_mask"]))]
+        layers = decoder_layer_count(model.config)
+        with_past = step.graph == "past"
+        rest = [feed[n.replace("present", "past_key_values")] for n in present_names(layers, with_past=False)] \
+            if with_past else [feed["encoder_hidden_states"]]
+        graph = DecoderGraph(model, layers, with_past=with_past).eval()
+        return [_array(v) for v in graph(feed["input_ids"], feed["encoder_attention_mask"], *rest)]
 
-    def __init__(self, model: Any, kind: str, runtime: Any):
-        import copy
 
-        self.merged = getattr(runtime, "merged", False)  # only names the outputs as the export's are named
-        twin = copy.deepcopy(model).double().eval()
-        if kind == "classifier":
-            self.classifier_inputs = sorted(runtime.classifier_inputs)
-            graph = ClassifierGraph(twin, self.classifier_inputs).eval()
-            self.classifier = _Session(lambda feed: [_array(graph(*(_tensor(feed[n]) for n in self.classifier_inputs)))])
-            return
-        encoder = EncoderGraph(twin).eval()
-        self.encoder = _Session(lambda feed: [_array(encoder(_tensor(feed["input_ids"]),
-                                                             _tensor(feed["attention_mask"])))])
-        self.layers = decoder_layer_count(model.config)
-        self.decoders = {past: DecoderGraph(twin, self.layers, with_past=past).eval() for past in (False, True)}
+def _steps(model: Any, tokenizer: Any, kind: str, texts: list[str], max_source_length: int,
+           classifier_inputs: list[str]) -> tuple[list[Step], np.ndarray]:
+    """The graphs' inputs, each computed from PyTorch's outputs before it, with PyTorch's outputs; the source mask."""
+    enc = tokenizer(texts, truncation=True, max_length=max_source_length, padding=True, return_tensors="np")
+    ids, mask = enc["input_ids"].astype(np.int64), enc["attention_mask"].astype(np.int64)
+    if kind == "classifier":
+        feed = {n: enc[n].astype(np.int64) if n in enc else np.zeros_like(ids) for n in classifier_inputs}
+        step = Step("classifier", feed, ["logits"], [])
+        step.expected = _run_step(model, step)
+        return [step], mask
+    encoder = Step("encoder", {"input_ids": ids, "attention_mask": mask}, ["last_hidden_state"], [])
+    encoder.expected = _run_step(model, encoder)
+    layers = decoder_layer_count(model.config)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    dec_ids = sample_decoder_ids(ids.shape[0], 5, vocab, model.generation_config.decoder_start_token_id or 0, 1).numpy()
+    names = ["logits", *present_names(layers, with_past=False)]
+    first = Step("first", {"input_ids": dec_ids, "encoder_attention_mask": mask,
+                           "encoder_hidden_states": encoder.expected[0]}, names, [])
+    first.expected = _run_step(model, first)
+    past = {n.replace("present", "past_key_values"): v for n, v in zip(names[1:], first.expected[1:])}
+    following = Step("past", {"input_ids": np.ascontiguousarray(dec_ids[::-1, -1:]), "encoder_attention_mask": mask,
+                              **past}, ["logits", *present_names(layers, with_past=True)], [])
+    following.expected = _run_step(model, following)
+    return [encoder, first, following], mask
 
-    def run_decoder(self, feed: dict[str, np.ndarray], with_past: bool) -> dict[str, np.ndarray]:
-        rest = ([feed["encoder_hidden_states"]] if not with_past else
-                [feed[n.replace("present", "past_key_values")] for n in present_names(self.layers, with_past=False)])
-        out = self.decoders[with_past](_tensor(feed["input_ids"]), _tensor(feed["encoder_attention_mask"]),
-                                       *(_tensor(r) for r in rest))
-        names = ["logits", *present_names(self.layers, with_past=with_past)]
-        return {name: _array(value) for name, value in zip(names, out)}
+
+def reference(model: Any, tokenizer: Any, kind: str, texts: list[str], max_source_length: int, *,
+              generation_docs: int, float_rounding: bool = False,
+              classifier_inputs: tuple[str, ...] = ("input_ids", "attention_mask")) -> Reference:
+    """PyTorch's side of `validate`. With `float_rounding` (a model that rounds its activations), also its
+    float64 twin's outputs: the model is converted to float64 in place, last (the caller frees it afterwards)."""
+    steps, mask = _steps(model, tokenizer, kind, texts, max_source_length, list(classifier_inputs))
+    result = Reference(kind, texts, tokenizer, mask if kind == "seq2seq" else None, steps)
+    docs = texts[:generation_docs]
+    if docs and kind == "seq2seq":
+        _expected_tokens(model, tokenizer, docs, max_source_length, result)
+    elif docs:
+        from modelshrink.training.classify import predict
+
+        rows = [{"text": t, "text_pair": None} for t in docs]
+        result.expected = predict(model, tokenizer, rows, len(rows), "cpu", max_source_length)
+    if float_rounding:
+        model.double().eval()  # the model's own arithmetic with other rounding, at 2x its float32 bytes, not 3x
+        for step in steps:
+            step.twin = _run_step(model, step, double=True)
+    return result
+
+
+def _expected_tokens(model: Any, tokenizer: Any, docs: list[str], max_source_length: int, result: Reference) -> None:
+    """`generate`'s tokens, greedy and beam search with the model's settings, the documents as one padded batch.
+
+    One at a time, this check was nearly all of validation's time (a BART of base shape, 4 documents, 48 tokens:
+    346 of 353 s, mostly PyTorch's `generate`); batched it took 12.6 s against 34.6 s and 28.7 s against 102.7 s
+    in two rounds on a busy machine, with the same verdict, and the padded rows check the masks too."""
+    from modelshrink.generation.settings import generate_ids, resolve_generation
+
+    beams = max(int(getattr(model.generation_config, "num_beams", 1) or 1), 2)
+    enc = tokenizer(docs, truncation=True, max_length=max_source_length, padding=True, return_tensors="pt")
+    result.documents = {"input_ids": enc["input_ids"].numpy(), "attention_mask": enc["attention_mask"].numpy()}
+    result.expected = {}
+    for mode, num_beams in {"greedy": 1, f"beam {beams}": beams}.items():
+        settings = resolve_generation(model.generation_config, num_beams=num_beams)
+        result.expected[mode] = (num_beams, generate_ids(model, enc["input_ids"], enc["attention_mask"],
+                                                         settings).tolist())
 
 
 class ExportCheckFailed(CheckFailed):
@@ -131,10 +203,10 @@ def _source_mask(output: str, mask: np.ndarray) -> np.ndarray | None:
     return None
 
 
-def _compare(name: str, reference: list[torch.Tensor], got: list[np.ndarray], names: list[str],
+def _compare(name: str, reference: list[Any], got: list[np.ndarray], names: list[str],
              diffs: dict[str, dict[str, float]], mask: np.ndarray | None = None) -> None:
     for output, ref, value in zip(names, reference, got):
-        ref = ref.detach().float().numpy()
+        ref = ref.detach().float().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref, dtype=np.float32)
         real = _source_mask(output, mask) if mask is not None else None
         difference, magnitude = np.abs(ref - value), np.abs(ref)
         if real is not None:
@@ -145,40 +217,37 @@ def _compare(name: str, reference: list[torch.Tensor], got: list[np.ndarray], na
                                                                                               1e-30)))}
 
 
-def output_differences(model: Any, tokenizer: Any, runtime: Any, kind: str, texts: list[str],
-                       max_source_length: int) -> dict[str, dict[str, float]]:
-    enc = tokenizer(texts, truncation=True, max_length=max_source_length, padding=True, return_tensors="pt")
+def _label(step: Step, merged: bool) -> str:
+    if step.graph in ("encoder", "classifier"):
+        return ENCODER if step.graph == "encoder" else CLASSIFIER
+    if merged:
+        return f"{DECODER_MERGED}[{'first step' if step.graph == 'first' else 'with past'}]"
+    return DECODER if step.graph == "first" else DECODER_WITH_PAST
+
+
+def _runtime_outputs(runtime: Any, step: Step) -> list[np.ndarray]:
+    if step.graph == "classifier":
+        return runtime.classifier.run(None, {k: v for k, v in step.feed.items() if k in runtime.classifier_inputs})
+    if step.graph == "encoder":
+        return runtime.encoder.run(None, step.feed)
+    got = runtime.run_decoder(step.feed, with_past=step.graph == "past")
+    return [got[n] for n in step.names]
+
+
+def output_differences(ref: Reference, runtime: Any) -> dict[str, dict[str, float]]:
+    """Each graph's outputs in onnxruntime against PyTorch's, on PyTorch's inputs (padded source positions left out)."""
     diffs: dict[str, dict[str, float]] = {}
-    with torch.no_grad():
-        if kind == "classifier":
-            names = sorted(runtime.classifier_inputs)
-            feed = {n: enc[n] if n in enc else torch.zeros_like(enc["input_ids"]) for n in names}
-            logits = ClassifierGraph(model, names).eval()(*feed.values())
-            _compare("model.onnx", [logits], runtime.classifier.run(None, {k: v.numpy() for k, v in feed.items()}),
-                     ["logits"], diffs)
-            return diffs
-        ids, mask = enc["input_ids"], enc["attention_mask"]
-        hidden = EncoderGraph(model).eval()(ids, mask)
-        _compare("encoder_model.onnx", [hidden], runtime.encoder.run(None, {"input_ids": ids.numpy(),
-                                                                            "attention_mask": mask.numpy()}),
-                 ["last_hidden_state"], diffs, mask.numpy())
-        layers = decoder_layer_count(model.config)
-        vocab = model.get_output_embeddings().weight.shape[0]
-        dec_ids = sample_decoder_ids(ids.shape[0], 5, vocab, model.generation_config.decoder_start_token_id or 0, 1)
-        first = DecoderGraph(model, layers, with_past=False).eval()(dec_ids, mask, hidden)
-        names = ["logits", *present_names(layers, with_past=False)]
-        got = runtime.run_decoder({"input_ids": dec_ids.numpy(), "encoder_attention_mask": mask.numpy(),
-                                   "encoder_hidden_states": hidden.numpy()}, with_past=False)
-        labels = (f"{DECODER_MERGED}[first step]", f"{DECODER_MERGED}[with past]") if runtime.merged \
-            else (DECODER, DECODER_WITH_PAST)
-        _compare(labels[0], list(first), [got[n] for n in names], names, diffs, mask.numpy())
-        step = dec_ids[:, -1:].flip(0)
-        following = DecoderGraph(model, layers, with_past=True).eval()(step, mask, *first[1:])
-        past = {n.replace("present", "past_key_values"): t.numpy() for n, t in zip(names[1:], first[1:])}
-        got = runtime.run_decoder({"input_ids": step.numpy(), "encoder_attention_mask": mask.numpy(), **past},
-                                  with_past=True)
-        names = ["logits", *present_names(layers, with_past=True)]
-        _compare(labels[1], list(following), [got[n] for n in names], names, diffs, mask.numpy())
+    for step in ref.steps:
+        _compare(_label(step, getattr(runtime, "merged", False)), step.expected, _runtime_outputs(runtime, step),
+                 step.names, diffs, ref.mask)
+    return diffs
+
+
+def twin_differences(ref: Reference, merged: bool) -> dict[str, dict[str, float]]:
+    """How far the float64 twin moved each output from the float32 model: how far float rounding alone moves it."""
+    diffs: dict[str, dict[str, float]] = {}
+    for step in ref.steps:
+        _compare(_label(step, merged), step.expected, step.twin or [], step.names, diffs, ref.mask)
     return diffs
 
 
@@ -191,27 +260,16 @@ def _generated(row: list[int], eos: set[int]) -> list[int]:
     return row
 
 
-def generation_agreement(model: Any, tokenizer: Any, runtime: Any, texts: list[str], max_source_length: int,
-                         log: Callable[[str], None]) -> dict[str, Any]:
-    """Tokens of the runtime against `generate`, greedy and beam, every document compared on its own.
+def generation_agreement(ref: Reference, runtime: Any) -> dict[str, Any]:
+    """Tokens of the runtime against `generate`'s (`Reference`), greedy and beam, every document compared on its
+    own. An int8 graph quantizes a batch's activations with shared scales, so its tokens for a document can depend
+    on the batch; those differences are listed, as int8's are anyway."""
+    from modelshrink.generation.settings import decode
 
-    The documents go as one padded batch per mode, to both sides. One at a time, this check was nearly all
-    of validation's time (a BART of base shape, 4 documents, 48 tokens: 346 of 353 s, mostly PyTorch's
-    `generate`); batched it took 12.6 s against 34.6 s and 28.7 s against 102.7 s in two rounds on a busy
-    machine, with the same verdict, and the padded rows check the masks too. An int8 graph quantizes a
-    batch's activations with shared scales, so its tokens for a document can depend on the batch; those
-    differences are listed, as int8's are anyway."""
-    from modelshrink.generation.settings import decode, generate_ids, resolve_generation
-
-    beams = max(int(getattr(model.generation_config, "num_beams", 1) or 1), 2)
-    modes = {"greedy": 1, f"beam {beams}": beams}
     eos = set(runtime.search.eos_token_id)
-    enc = tokenizer(texts, truncation=True, max_length=max_source_length, padding=True, return_tensors="pt")
     differences, agree, total = [], 0, 0
-    for mode, num_beams in modes.items():
-        settings = resolve_generation(model.generation_config, num_beams=num_beams)
-        expected = generate_ids(model, enc["input_ids"], enc["attention_mask"], settings).tolist()
-        got = runtime.generate_ids(enc["input_ids"].numpy(), enc["attention_mask"].numpy(),
+    for mode, (num_beams, expected) in ref.expected.items():
+        got = runtime.generate_ids(ref.documents["input_ids"], ref.documents["attention_mask"],
                                    runtime.settings(num_beams=num_beams)).tolist()
         for index, (want, have) in enumerate(zip(expected, got)):
             want, have = _generated(want, eos), _generated(have, eos)
@@ -220,46 +278,41 @@ def generation_agreement(model: Any, tokenizer: Any, runtime: Any, texts: list[s
                 agree += 1
             elif len(differences) < DIFFERENCES_LISTED:
                 differences.append({"document": index, "mode": mode,
-                                    "pytorch": decode(tokenizer, torch.tensor([want]))[0],
+                                    "pytorch": decode(ref.tokenizer, torch.tensor([want]))[0],
                                     "onnx": runtime.decode(np.array([have]))[0]})
-    return {"documents": len(texts), "modes": list(modes), "agreement": f"{agree}/{total}",
+    return {"documents": len(ref.documents["input_ids"]), "modes": list(ref.expected), "agreement": f"{agree}/{total}",
             "equal": agree == total, "differences": differences}
 
 
-def label_agreement(model: Any, tokenizer: Any, runtime: Any, texts: list[str], max_source_length: int) -> dict[str, Any]:
-    from modelshrink.training.classify import predict
-
-    rows = [{"text": t, "text_pair": None} for t in texts]
-    expected = predict(model, tokenizer, rows, len(rows), "cpu", max_source_length)
-    got = runtime.classify(texts)
-    differences = [{"document": i, "pytorch": a, "onnx": b} for i, (a, b) in enumerate(zip(expected, got))
+def label_agreement(ref: Reference, runtime: Any) -> dict[str, Any]:
+    docs = ref.texts[:len(ref.expected)]
+    got = runtime.classify(docs)
+    differences = [{"document": i, "pytorch": a, "onnx": b} for i, (a, b) in enumerate(zip(ref.expected, got))
                    if (a != b if isinstance(a, int) else abs(a - b) > 1e-3)]
-    agree = len(texts) - len(differences)
-    return {"documents": len(texts), "agreement": f"{agree}/{len(texts)}", "equal": not differences,
+    agree = len(docs) - len(differences)
+    return {"documents": len(docs), "agreement": f"{agree}/{len(docs)}", "equal": not differences,
             "differences": differences[:DIFFERENCES_LISTED]}
 
 
-def validate(model: Any, tokenizer: Any, folder: Path, kind: str, texts: list[str], max_source_length: int, *,
-             atol: float | None, rtol: float | None, generation_docs: int, rms: bool = False,
-             float_rounding: bool = False, scaled: bool = False,
-             log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
-    """The validation report; `failure` holds a one-line reason when a check failed. Differences are
-    bounded by `atol` when given, else by `rtol` times each output's largest magnitude (with `rms`: the root mean
-    square of the differences by `rtol` times the output's root mean square); with `rtol`
-    (int8 graphs, quantized artifacts) token differences are listed but do not fail the check. With
-    `float_rounding` (a model that rounds its activations), the RMS bound is at least FLOAT_ROUNDING_FACTOR times
-    the largest RMS ratio between the model and its float64 twin (`FloatTwin`). With `scaled` (the float check's
-    default), `atol` bounds an output whose largest magnitude is 1 or less, and grows with the magnitude above it:
-    float32 sums in another order differ by a share of what they sum, and a real-size model's logits reach the
-    hundreds (flan-t5-base's random shape: 197, where the graph and PyTorch differed by 1.3e-4, 6e-7 of it)."""
+def validate(ref: Reference, folder: Path, *, atol: float | None, rtol: float | None, rms: bool = False,
+             scaled: bool = False, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """The validation report of the export in `folder` against PyTorch's `ref`; `failure` holds a one-line reason
+    when a check failed. Differences are bounded by `atol` when given, else by `rtol` times each output's largest
+    magnitude (with `rms`: the root mean square of the differences by `rtol` times the output's root mean square);
+    with `rtol` (int8 graphs, quantized artifacts) token differences are listed but do not fail the check. Where
+    `ref` holds the float64 twin's outputs (a model that rounds its activations), the RMS bound is at least
+    FLOAT_ROUNDING_FACTOR times the largest RMS ratio between the model and its twin. With `scaled` (the float
+    check's default), `atol` bounds an output whose largest magnitude is 1 or less, and grows with the magnitude
+    above it: float32 sums in another order differ by a share of what they sum, and a real-size model's logits
+    reach the hundreds (flan-t5-base's random shape: 197, where the graph and PyTorch differed by 1.3e-4, 6e-7 of
+    it)."""
     runtime = load(folder)
-    diffs = output_differences(model, tokenizer, runtime, kind, texts, max_source_length)
+    diffs = output_differences(ref, runtime)
     tolerance = (f"{atol:g} x max(1, each output's largest magnitude)" if scaled and atol is not None else atol
                  if atol is not None else f"RMS difference <= {rtol:g} x each output's RMS" if rms else
                  f"{rtol:g} x each output's largest magnitude")
-    if float_rounding and atol is None and rms:
-        twin = output_differences(model, tokenizer, FloatTwin(model, kind, runtime),
-                                  kind, texts, max_source_length)
+    if any(step.twin is not None for step in ref.steps) and atol is None and rms:
+        twin = twin_differences(ref, getattr(runtime, "merged", False))
         for name, entry in diffs.items():
             entry["float64_rms_ratio"] = twin[name]["rms_ratio"]
         moved = max(entry["rms_ratio"] for entry in twin.values())
@@ -280,7 +333,7 @@ def validate(model: Any, tokenizer: Any, folder: Path, kind: str, texts: list[st
     measure = "rms_ratio" if rms and atol is None else "max_abs_diff"
     worst = max(diffs, key=lambda n: diffs[n][measure])
     report: dict[str, Any] = {"tolerance": tolerance, "outputs": diffs, "max_abs_diff": diffs[worst]["max_abs_diff"],
-                              "worst_output": worst, "documents": len(texts)}
+                              "worst_output": worst, "documents": len(ref.texts)}
     if measure == "rms_ratio":
         report["rms_ratio"] = diffs[worst]["rms_ratio"]
     shown = "RMS ratio" if measure == "rms_ratio" else "largest difference"
@@ -289,14 +342,13 @@ def validate(model: Any, tokenizer: Any, folder: Path, kind: str, texts: list[st
     if failed:
         failure = (f"{len(failed)} of {len(diffs)} outputs differ from PyTorch by more than {tolerance} "
                    f"(worst: {worst}, {shown} {diffs[worst][measure]:.3g}); see export_report.json")
-    docs = texts[:generation_docs]
-    if docs:
-        check = generation_agreement(model, tokenizer, runtime, docs, max_source_length, log) if kind == "seq2seq" \
-            else label_agreement(model, tokenizer, runtime, docs, max_source_length)
-        report["generation" if kind == "seq2seq" else "predictions"] = check
-        log(f"{'generated tokens' if kind == 'seq2seq' else 'predictions'} equal to PyTorch's: {check['agreement']}")
+    if ref.expected:
+        seq2seq = ref.kind == "seq2seq"
+        check = generation_agreement(ref, runtime) if seq2seq else label_agreement(ref, runtime)
+        report["generation" if seq2seq else "predictions"] = check
+        log(f"{'generated tokens' if seq2seq else 'predictions'} equal to PyTorch's: {check['agreement']}")
         if not check["equal"] and rtol is None and failure is None:
-            failure = (f"the ONNX model's {'tokens' if kind == 'seq2seq' else 'predictions'} differ from PyTorch's "
+            failure = (f"the ONNX model's {'tokens' if seq2seq else 'predictions'} differ from PyTorch's "
                        f"on {check['agreement']} agreeing cases; see export_report.json")
     report["failure"] = failure
     return report

@@ -10,6 +10,7 @@ The folder keeps Optimum's file names, so existing tooling (Optimum's `ORTModelF
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any, Callable
@@ -35,7 +36,8 @@ from modelshrink.onnx.kernels import KernelChoice
 from modelshrink.onnx.layout import apply_layout, check_layout
 from modelshrink.onnx.merge import merge_decoders, store_tied_once
 from modelshrink.onnx.self_attention import fuse_self_attention
-from modelshrink.onnx.validate import FLOAT_ATOL, INT4_RTOL, INT8_RTOL, QUANTIZED_RTOL, ExportCheckFailed, validate
+from modelshrink.onnx.validate import (FLOAT_ATOL, INT4_RTOL, INT8_RTOL, QUANTIZED_RTOL, ExportCheckFailed, Reference,
+                                       reference, validate)
 from modelshrink.options.export import ExportOptions
 from modelshrink.quant.model import is_quantized
 from modelshrink.quant.spec import code_threshold
@@ -227,26 +229,23 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     print(modelshrink.load(folder).summarize(["a long document ..."]))
     ```
     """
-    from modelshrink.models.loading import source_length
-
     writer = ArtifactWriter(output, overwrite=overwrite)
     writer.check()
     kind, config, model, tokenizer = _load_model(options)
     check_layout(options.layout, kind, config, options.merge)
     quantized = dict(config.quantization_config) if is_quantized(config) else None
     _check_kernels(options, kind, quantized)
-    max_source_length = source_length(options.max_source_length, tokenizer, model.config)
-    texts = _sample_texts(options, tokenizer, max(options.samples, 2), model.config if kind == "seq2seq" else None)
-    enc = dict(tokenizer(texts[:2], truncation=True, max_length=max_source_length, padding=True, return_tensors="pt"))
-    if kind == "classifier" and "token_type_ids" not in enc and config.model_type in TOKEN_TYPE_CLASSIFIERS:
-        enc["token_type_ids"] = torch.zeros_like(enc["input_ids"])
+    max_source_length, texts, enc = _inputs(options, kind, model.config, tokenizer)
     with writer:
         folder = writer.staging
         log(f"exporting {kind} {options.model} to ONNX (opset {options.opset})")
         graphs = (export_seq2seq if kind == "seq2seq" else export_classifier)(model, folder, enc, options.opset)
         beams = int(getattr(getattr(model, "generation_config", None), "num_beams", 1) or 1)
-        graphs, storage = _rewrite(folder, kind, graphs, options, quantized, log, beams)
         _write_companions(model, tokenizer, folder, kind)
+        expected = _reference(options, model, tokenizer, kind, texts, max_source_length, enc, quantized)
+        del model  # from here on the graphs, not the model, are in memory (validate.Reference)
+        gc.collect()
+        graphs, storage = _rewrite(folder, kind, graphs, options, quantized, log, beams)
         weights = _weights(options, quantized, storage)
         graphs = apply_layout(folder, graphs, options.layout, weights)
         resolved = {"kind": kind, "graphs": graphs, "layout": options.layout, "max_source_length": max_source_length,
@@ -274,9 +273,8 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
             rtol = INT8_RTOL if options.int8 else INT4_RTOL if options.int4 else (QUANTIZED_RTOL if quantized else None)
             atol = options.atol if options.atol is not None else (None if rtol else FLOAT_ATOL)
             log(f"validating against PyTorch on {len(texts)} documents")
-            check = validate(model, tokenizer, folder, kind, texts, max_source_length, atol=atol, rtol=rtol,
-                             rms=options.int8 or options.int4 or bool(quantized), float_rounding=bool(quantized),
-                             scaled=options.atol is None, generation_docs=options.generation_docs, log=log)
+            check = validate(expected, folder, atol=atol, rtol=rtol, rms=options.int8 or options.int4 or bool(quantized),
+                             scaled=options.atol is None, log=log)
             report["validation"] = check
             failure = check.get("failure")
         (folder / "export_report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -333,6 +331,29 @@ def _weights(options: ExportOptions, quantized: dict[str, Any] | None, storage: 
     # without low-bit codes every integer weight is an int8 initializer (compact_quantized)
     scaled = not widths or any(s.get("int8_initializers") for s in storage.values())
     return WeightFormat(QUANTIZED, widths, CAST_MUL if scaled else None)
+
+
+def _inputs(options: ExportOptions, kind: str, config: Any, tokenizer: Any) -> tuple[int, list[str], dict[str, Any]]:
+    """(the source length, the check's documents, the two the graphs are traced with, tokenized)."""
+    from modelshrink.models.loading import source_length
+
+    max_source_length = source_length(options.max_source_length, tokenizer, config)
+    texts = _sample_texts(options, tokenizer, max(options.samples, 2), config if kind == "seq2seq" else None)
+    enc = dict(tokenizer(texts[:2], truncation=True, max_length=max_source_length, padding=True, return_tensors="pt"))
+    if kind == "classifier" and "token_type_ids" not in enc and config.model_type in TOKEN_TYPE_CLASSIFIERS:
+        enc["token_type_ids"] = torch.zeros_like(enc["input_ids"])
+    return max_source_length, texts, enc
+
+
+def _reference(options: ExportOptions, model: Any, tokenizer: Any, kind: str, texts: list[str], max_source_length: int,
+               enc: dict[str, Any], quantized: dict[str, Any] | None) -> Reference | None:
+    """PyTorch's side of the check, computed before the export frees the model (None without --validate); a
+    quantized model's float64 twin converts the model in place."""
+    if not options.validate:
+        return None
+    return reference(model, tokenizer, kind, texts, max_source_length, generation_docs=options.generation_docs,
+                     float_rounding=bool(quantized) and options.atol is None,  # the bound of a model that rounds
+                     classifier_inputs=tuple(n for n in ("input_ids", "attention_mask", "token_type_ids") if n in enc))
 
 
 def _write_companions(model: Any, tokenizer: Any, folder: Path, kind: str) -> None:

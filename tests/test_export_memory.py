@@ -1,0 +1,88 @@
+"""What keeps export's peak memory near the model's bytes (issue 78): the PyTorch model is freed before the graphs
+are rewritten and opened in onnxruntime, and no rewrite keeps a graph alive after it returns. The peaks themselves
+are measured by benchmarks/real_shapes.py on real-size shapes (BENCHMARKS.md), never by a test."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+FAST = ["--samples", "3", "--generation-docs", "2"]
+
+
+@pytest.mark.parametrize("flags", [[], ["--int8"]])
+def test_the_model_is_freed_before_the_graphs_are_rewritten_and_validated(plain_models, tmp_path, monkeypatch, flags):
+    from typer.testing import CliRunner
+
+    import modelshrink.steps.export as step
+    from modelshrink.cli import app
+
+    alive = {}
+    load, rewrite = step._load_model, step._rewrite
+
+    def watched_load(options):
+        kind, config, model, tokenizer = load(options)
+        alive["model"] = weakref.ref(model)
+        return kind, config, model, tokenizer
+
+    def watched_rewrite(*args, **kwargs):
+        alive["at rewrite"] = alive["model"]() is not None
+        return rewrite(*args, **kwargs)
+
+    monkeypatch.setattr(step, "_load_model", watched_load)
+    monkeypatch.setattr(step, "_rewrite", watched_rewrite)
+    result = CliRunner().invoke(app, ["export", str(plain_models["bart"]), "-o", str(tmp_path / "onnx"), *flags,
+                                      *FAST])
+    assert result.exit_code == 0, result.output
+    assert alive["at rewrite"] is False
+    assert "generated tokens equal to PyTorch's" in result.output or "--int8" in flags  # the check still ran
+
+
+def test_a_low_bit_rewrite_does_not_keep_its_model_alive():
+    """LowBitGraph and its unpacking nodes must not reference each other: a cycle kept the whole model (every
+    float weight) in memory until the collector ran, one graph more per rewrite."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from modelshrink.onnx.int8 import int8_blocks
+    from modelshrink.onnx.lowbit import S8
+    from modelshrink.onnx.lowbit_graph import LowBitGraph
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["rows", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", 32])], [weight])
+    model = helper.make_model(graph)
+    rewrite = LowBitGraph(model)
+    rewrite.as_matmul(model.graph.initializer[0], int8_blocks(numpy_helper.to_array(weight), 32), kernel=S8)
+    rewrite.finish()
+    assert [i.name for i in model.graph.initializer if i.name == "w"] == []  # the float weight was replaced
+    watched = weakref.ref(rewrite)
+    gc.disable()
+    try:
+        del rewrite
+        assert watched() is None  # freed by reference counting alone
+    finally:
+        gc.enable()
+
+
+def test_integer_codes_are_made_without_copies_of_the_weight_and_equal_the_rounding():
+    """int8_blocks rounds in place; its codes are still round(w / s) + 128 per column, the padding the zero point."""
+    from modelshrink.onnx.int8 import int8_blocks, uint8_blocks
+
+    w = np.random.default_rng(1).standard_normal((40, 6)).astype(np.float32)
+    blocks = int8_blocks(w, 32)
+    scale = np.abs(w).max(axis=0) / 127
+    expected = np.clip(np.round(w / scale), -127, 127) + 128
+    assert blocks.codes.shape == (6, 2, 32)
+    assert np.array_equal(blocks.codes.reshape(6, 64)[:, :40].T, expected.astype(np.uint8))
+    assert (blocks.codes.reshape(6, 64)[:, 40:] == 128).all()
+    unsigned = uint8_blocks(w, 32)
+    low, high = np.minimum(w.min(0), 0), np.maximum(w.max(0), 0)
+    step = (high - low) / 255
+    zero = np.clip(np.round(-low / step), 0, 255)
+    assert np.array_equal(unsigned.codes.reshape(6, 64)[:, :40].T,
+                          np.clip(np.round(w / step) + zero, 0, 255).astype(np.uint8))
+    assert np.array_equal(unsigned.codes.reshape(6, 64)[:, 40:], np.repeat(zero[:, None], 24, 1).astype(np.uint8))
