@@ -86,3 +86,33 @@ def test_integer_codes_are_made_without_copies_of_the_weight_and_equal_the_round
     assert np.array_equal(unsigned.codes.reshape(6, 64)[:, :40].T,
                           np.clip(np.round(w / step) + zero, 0, 255).astype(np.uint8))
     assert np.array_equal(unsigned.codes.reshape(6, 64)[:, 40:], np.repeat(zero[:, None], 24, 1).astype(np.uint8))
+
+
+def test_the_trace_skips_the_function_pass_only_while_it_runs(tmp_path, monkeypatch):
+    """The exporter's onnxscript-function pass (one more parse of the whole graph) is skipped while modelshrink
+    traces a graph without custom opsets, and put back afterwards; the graph written is complete."""
+    import onnx
+    import onnxruntime as ort
+    import torch
+    from torch.onnx._internal.torchscript_exporter import onnx_proto_utils
+
+    from modelshrink.onnx.graphs import _trace
+
+    calls = []
+    original = onnx_proto_utils._add_onnxscript_fn
+
+    def spy(model_bytes, custom_opsets):
+        calls.append(len(model_bytes))
+        return original(model_bytes, custom_opsets)
+
+    monkeypatch.setattr(onnx_proto_utils, "_add_onnxscript_fn", spy)
+    linear = torch.nn.Linear(8, 4)
+    _trace(linear, (torch.randn(2, 8),), tmp_path / "linear.onnx", ["x"], ["y"], {"x": {0: "batch"}}, 17)
+    assert calls == [] and onnx_proto_utils._add_onnxscript_fn is spy
+    model = onnx.load(str(tmp_path / "linear.onnx"))
+    assert len(model.graph.initializer) == 2 and [n.op_type for n in model.graph.node] == ["Gemm"]
+    with torch.no_grad():
+        expected = linear(torch.ones(3, 8)).numpy()
+    got = ort.InferenceSession(str(tmp_path / "linear.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"x": np.ones((3, 8), dtype=np.float32)})[0]
+    assert np.allclose(got, expected, atol=1e-6)
