@@ -10,7 +10,8 @@ a 16 GB machine exports pegasus-xsum); the folders' sizes; then batch-1 latency 
 PyTorch's `generate`, the runtime float and --int8, and CTranslate2 int8 where its converter takes the family,
 every output forced to --length tokens at --beams beams (the same work for all), 2 intra-op threads. The documents:
 the Debian validation descriptions of ../shared/data (else the bundled sample); translators read them as sources.
-Exports over 2 GB are written with ONNX external data by the exporter. --small shrinks each model (a smoke run).
+A graph past protobuf's 2 GB keeps its weights in `<graph>.onnx_data` (modelshrink.onnx.saving). --small shrinks
+each model (a smoke run).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ are measured by benchmarks/real_shapes.py on real-size shapes (BENCHMARKS.md), n
 from __future__ import annotations
 
 import gc
+import json
 import weakref
 
 import numpy as np
@@ -116,3 +117,60 @@ def test_the_trace_skips_the_function_pass_only_while_it_runs(tmp_path, monkeypa
     got = ort.InferenceSession(str(tmp_path / "linear.onnx"), providers=["CPUExecutionProvider"]).run(
         None, {"x": np.ones((3, 8), dtype=np.float32)})[0]
     assert np.allclose(got, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("flags", [[], ["--int8"], ["--int4"], ["--layout", "transformers.js"]])
+def test_graphs_past_the_protobuf_limit_keep_their_weights_in_one_data_file(plain_models, tmp_path, monkeypatch,
+                                                                            flags):
+    """Every rewrite saves a graph too large for one protobuf with its weights in `<graph>.onnx_data` (the limit
+    lowered to 0 here, so every graph is one), and the folder still validates, runs, and holds no other file."""
+    from typer.testing import CliRunner
+
+    from modelshrink.cli import app
+    from modelshrink.onnx import saving
+    from modelshrink.runtime.model import load
+
+    monkeypatch.setattr(saving, "EXTERNAL_FROM", 0)
+    out = tmp_path / "onnx"
+    result = CliRunner().invoke(app, ["export", str(plain_models["bart"]), "-o", str(out), *flags, *FAST])
+    assert result.exit_code == 0, result.output
+    graphs = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.onnx") if p.name != "search_ops.onnx")
+    data = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.onnx_data"))
+    assert len(graphs) == 2 and set(data) <= {g + "_data" for g in graphs}  # encoder and merged decoder, no stale
+    assert [g for g in graphs if "decoder_model_merged" in g][0] + "_data" in data  # the merge saved it so
+    assert not [p for p in out.rglob("*") if p.is_file() and p.suffix not in (".onnx", ".onnx_data", ".json", ".md",
+                                                                               ".txt", ".model")], list(out.rglob("*"))
+    report = json.loads((out / "export_report.json").read_text())
+    on_disk = {g: sum(p.stat().st_size for p in (out / g, out / (g + "_data")) if p.is_file()) for g in graphs}
+    assert report["bytes"] == on_disk  # a graph's data file counted with it
+    assert len(load(out).summarize(["the quick brown fox"])) == 1
+
+
+def test_a_graph_the_exporter_wrote_a_file_per_weight_becomes_one_data_file(tmp_path, monkeypatch):
+    """Past 2 GB torch's exporter writes each weight to a file named after it; the trace gathers them into the
+    graph's one data file (or back into the graph, where it fits), the values unchanged."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from modelshrink.onnx import saving
+
+    rng = np.random.default_rng(0)
+    weights = {name: rng.standard_normal((16, 16)).astype(np.float32) for name in ("w1", "w2")}
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"],
+                                                                                                 ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
+                              [numpy_helper.from_array(v, n) for n, v in weights.items()])
+    path = tmp_path / "decoder_model.onnx"
+    onnx.save_model(helper.make_model(graph), str(path), save_as_external_data=True, all_tensors_to_one_file=False,
+                    size_threshold=0)
+    written = sorted(p for p in tmp_path.iterdir() if p != path)
+    assert len(written) == 2
+    monkeypatch.setattr(saving, "EXTERNAL_FROM", 0)
+    saving.consolidate(path, written)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["decoder_model.onnx", "decoder_model.onnx_data"]
+    loaded = onnx.load(str(path))
+    assert all(np.array_equal(numpy_helper.to_array(i), weights[i.name]) for i in loaded.graph.initializer)
+    monkeypatch.setattr(saving, "EXTERNAL_FROM", 2_000_000_000)
+    saving.consolidate(path, [])  # nothing the exporter wrote: left as it is
+    assert (tmp_path / "decoder_model.onnx_data").is_file()

@@ -24,6 +24,7 @@ from modelshrink.onnx import kernels, lowbit
 from modelshrink.onnx.kernels import KernelChoice
 from modelshrink.onnx.lowbit_graph import LowBitGraph, fuse_bias, transposed_pairs
 from modelshrink.onnx.rounding import integer_activations, rounded, shorten_rounding, take_out_rounding
+from modelshrink.onnx.saving import save_graph
 
 
 ROUNDINGS = ("model", "none", "kernel")  # whose rounding of the activations a quantize export computes
@@ -96,7 +97,7 @@ def keep_low_bits(path: Path, thresholds: set[int], choice: KernelChoice, roundi
     unrounded = take_out_rounding(model.graph, graph.integer_nodes)
     shortened = shorten_rounding(model.graph, drop=rounding != "model")
     biases = fuse_bias(model.graph, graph.integer_nodes)
-    onnx.save(model, str(path))
+    save_graph(model, path)
     return {"low_bit_matmuls": matmuls, "low_bit_tables": tables, "inputs_as_model_codes": codes,
             "inputs_unrounded": unrounded, "roundings_shortened": shortened, "biases_fused": biases,
             "kernels": choice.report(), **graph.summary("low_bit")}
@@ -150,7 +151,7 @@ def compact_quantized(path: Path, thresholds: set[int]) -> dict[str, int]:
     graph.initializer.extend(kept)
     for node in reversed(new_nodes):
         graph.node.insert(0, node)
-    onnx.save(model, str(path))
+    save_graph(model, path)
     return {"int8_initializers": replaced, "bytes_saved": int(saved)}
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from modelshrink.onnx.saving import save_graph
 from modelshrink.onnx.self_attention import DOMAIN, OP, PAST_LENGTH, _before_heads, _Graph, _heads, _live, _passes, \
     _perm
 from modelshrink.runtime.cache import CROSS_BEAMS  # the metadata the runtime reads: rows a document of the fast path
@@ -279,7 +280,7 @@ def fuse_cross_attention(path: Path, beams: int) -> dict[str, Any]:
     entry = model.metadata_props.add()
     entry.key, entry.value = CROSS_BEAMS, str(beams)
     onnx.checker.check_model(model)
-    onnx.save(model, str(path))
+    save_graph(model, path)
     return {"cross_attention_layers": len(layers), "cross_attention_beams": beams}
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from modelshrink.onnx.saving import save_graph
 from modelshrink.runtime.search import DOCUMENTS  # the rewritten inputs' first axis, which the runtime reads
 
 _LAYOUT = ("Identity", "Concat", "Transpose")  # what the traced graphs put between a cache input and its matmul
@@ -167,5 +168,5 @@ def fuse_decoder_with_past(path: Path) -> dict[str, int]:
               "single_input_concats": _single_input_concats(model.graph)}
     if any(report.values()):
         onnx.checker.check_model(model)
-        onnx.save(model, str(path))
+        save_graph(model, path)
     return report

@@ -25,6 +25,7 @@ import torch
 
 from modelshrink.families import decoder_layer_count, hidden_size
 from modelshrink.onnx.positions import computed_positions
+from modelshrink.onnx.saving import consolidate
 from modelshrink.runtime.files import CLASSIFIER, DECODER, DECODER_WITH_PAST, ENCODER, SEARCH_OPS
 
 
@@ -107,9 +108,12 @@ def _trace(module: torch.nn.Module, args: tuple, path: Path, inputs: list[str], 
         for message in ("You are using the legacy TorchScript-based ONNX export", "The feature will be removed",
                         "Exporting aten::index operator of advanced indexing"):
             warnings.filterwarnings("ignore", message=message)
+        before = set(path.parent.iterdir())
         with _no_function_pass():
             torch.onnx.export(module, args, str(path), dynamo=False, opset_version=opset, input_names=inputs,
                               output_names=outputs, dynamic_axes=axes, do_constant_folding=True)
+    # past 2 GB the exporter writes each weight to a file of its own beside the graph: one data file instead
+    consolidate(path, sorted(set(path.parent.iterdir()) - before - {path}))
 
 
 @contextlib.contextmanager

@@ -35,6 +35,7 @@ import numpy as np
 from modelshrink.onnx import lowbit
 from modelshrink.onnx.kernels import KernelChoice, candidates_for
 from modelshrink.onnx.lowbit_graph import LowBitGraph, transposed_pairs
+from modelshrink.onnx.saving import save_graph
 
 CANDIDATES = candidates_for(None)  # blocks with their own scales and zero points: MatMulNBits, or float
 BLOCK_SIZES = (16, 32, 64, 128)  # what onnxruntime's CPU kernel accepts at 4 bits (a power of 2, >= 16)
@@ -110,7 +111,7 @@ def quantize_int4(path: Path, block_size: int, choice: KernelChoice, embeddings:
         nodes += graph.as_matmul(init, rtn_blocks(numpy_helper.to_array(init), block_size), kernel=kernel)
         weights += 1
     graph.finish()
-    onnx.save(model, str(path))
+    save_graph(model, path)
     summary = graph.summary("int4")
     return {"int4_matmuls": nodes, "int4_tables": tables, "int4_weights": weights, "kernels": choice.report(),
             **summary}

@@ -17,6 +17,7 @@ import numpy as np
 from modelshrink.onnx import kernels, lowbit
 from modelshrink.onnx.kernels import KernelChoice
 from modelshrink.onnx.lowbit_graph import LowBitGraph, fuse_bias
+from modelshrink.onnx.saving import data_file, save_graph
 
 
 def quantize_embeddings(path: Path) -> int:
@@ -63,7 +64,7 @@ def quantize_embeddings(path: Path) -> int:
         at = list(graph.node).index(node) + 1
         for offset, extra in enumerate(after):
             graph.node.insert(at + offset, extra)
-    onnx.save(model, str(path))
+    save_graph(model, path)
     return changed
 
 
@@ -152,7 +153,7 @@ def quantize_int8(path: Path, per_channel: bool, choice: KernelChoice) -> dict[s
         nodes += graph.as_matmul(init, rounded(numpy_helper.to_array(init), block, per_channel), kernel=kernel)
     graph.finish()
     biases = fuse_bias(model.graph, graph.integer_nodes)
-    onnx.save(model, str(path))
+    save_graph(model, path)
     floats = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
     left = any(node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in floats
                for node in model.graph.node)
@@ -172,6 +173,7 @@ def quantize_int8(path: Path, per_channel: bool, choice: KernelChoice) -> dict[s
         finally:
             root.setLevel(level)
         tmp.replace(path)
+        data_file(path).unlink(missing_ok=True)  # its weights are now in the quantizer's output
     tables = quantize_embeddings(path)
     return {"int8_matmuls": nodes, "int8_weights": weights, "int8_tables": tables, "biases_fused": biases,
             "kernels": choice.report(), **summary}

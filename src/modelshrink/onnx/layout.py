@@ -22,6 +22,7 @@ from typing import Any
 
 from modelshrink.errors import UserError
 from modelshrink.families import ENCODER_DECODER_TYPE
+from modelshrink.onnx.saving import move_graph
 from modelshrink.runtime.files import DTYPE_SUFFIXES, SUBFOLDER
 from modelshrink.runtime.weights import FLOAT32, INT4, INT8, WeightFormat
 
@@ -70,7 +71,7 @@ def apply_layout(folder: Path, graphs: list[str], layout: str, weights: WeightFo
     moved = []
     for name in graphs:
         target = f"{SUBFOLDER}/{name.removesuffix('.onnx')}{DTYPE_SUFFIXES[dtype]}.onnx"
-        (folder / name).rename(folder / target)
+        move_graph(folder / name, folder / target)
         moved.append(target)
     config = json.loads((folder / "config.json").read_text())
     config["transformers.js_config"] = {"dtype": dtype}

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from modelshrink.onnx.saving import remove_graph, save_graph
 from modelshrink.runtime.files import DECODER, DECODER_MERGED, DECODER_WITH_PAST
 
 
@@ -70,9 +71,9 @@ def merge_decoders(folder: Path) -> dict[str, int]:
     merged.producer_name, merged.producer_version, merged.doc_string = "modelshrink", "", ""
     del merged.metadata_props[:]
     merged.metadata_props.extend(metadata)
-    onnx.save(merged, str(folder / DECODER_MERGED))
-    (folder / DECODER).unlink()
-    (folder / DECODER_WITH_PAST).unlink()
+    save_graph(merged, folder / DECODER_MERGED)
+    remove_graph(folder / DECODER)
+    remove_graph(folder / DECODER_WITH_PAST)
     return {"initializers": total, "shared": total - len(kept), "constant_nodes_hoisted": len(constants)}
 
 
@@ -255,5 +256,5 @@ def store_tied_once(path: Path) -> dict[str, int]:
     graph.initializer.extend(kept)
     for name, source in found.items():
         graph.node.insert(0, helper.make_node("Transpose", [source], [name], name=f"{name}/tied", perm=[1, 0]))
-    onnx.save(model, str(path))
+    save_graph(model, path)
     return {"tied": len(found), "bytes_saved": saved}

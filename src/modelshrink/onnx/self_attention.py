@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from modelshrink.onnx.merge import subgraphs
+from modelshrink.onnx.saving import save_graph
 
 PAST_LENGTH = "past_sequence_length"
 OP = "GroupQueryAttention"
@@ -254,7 +255,7 @@ def fuse_self_attention(path: Path) -> dict[str, Any]:
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     onnx.checker.check_model(model)
-    onnx.save(model, str(path))
+    save_graph(model, path)
     return {"self_attention_layers": len(layers)}
 
 

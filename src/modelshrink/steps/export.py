@@ -35,6 +35,7 @@ from modelshrink.onnx.int8 import quantize_int8
 from modelshrink.onnx.kernels import KernelChoice
 from modelshrink.onnx.layout import apply_layout, check_layout
 from modelshrink.onnx.merge import merge_decoders, store_tied_once
+from modelshrink.onnx.saving import graph_bytes
 from modelshrink.onnx.self_attention import fuse_self_attention
 from modelshrink.onnx.validate import (FLOAT_ATOL, INT4_RTOL, INT8_RTOL, QUANTIZED_RTOL, ExportCheckFailed, Reference,
                                        reference, validate)
@@ -267,7 +268,7 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
         report: dict[str, Any] = {"kind": kind, "graphs": graphs, "opset": options.opset, "int8": options.int8,
                                   "int4": options.int4_block_size if options.int4 else None,
                                   "per_channel": options.per_channel, "storage": storage,
-                                  "bytes": {n: (folder / n).stat().st_size for n in graphs}}
+                                  "bytes": {n: graph_bytes(folder / n) for n in graphs}}
         failure = None
         if options.validate:
             rtol = INT8_RTOL if options.int8 else INT4_RTOL if options.int4 else (QUANTIZED_RTOL if quantized else None)
