@@ -5,7 +5,7 @@ CTranslate2.
     python benchmarks/real_shapes.py --kits google-t5--t5-small,facebook--bart-large-cnn --docs 16
 
 Per checkpoint: `modelshrink export` (float and --int8), each in a process of its own, timed, with its peak
-resident memory (the child's own `ru_maxrss`) against the float model's bytes (issue 78's target: <= 3x, so that
+resident memory (the child's own VmHWM) against the float model's bytes (issue 78's target: <= 3x, so that
 a 16 GB machine exports pegasus-xsum); the folders' sizes; then batch-1 latency (p50, p90) and batch-16 docs/s of
 PyTorch's `generate`, the runtime float and --int8, and CTranslate2 int8 where its converter takes the family,
 every output forced to --length tokens at --beams beams (the same work for all), 2 intra-op threads. The documents:
@@ -69,8 +69,15 @@ model, folder, data, flag, target = sys.argv[1:6]
 start = time.perf_counter()
 options = ExportOptions(model=model, data=data, samples=2, generation_docs=2, **({flag: True} if flag else {}))
 _, report = export_model(options, folder, overwrite=True)
-print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                  * 1024, "check": report.get("validation", {}).get("failure") or "passed"}))
+# VmHWM, the peak of this process's own memory: getrusage's ru_maxrss keeps, across the exec, the resident set of
+# the parent it was forked from (which had just built the model), and reported up to 3x the export's own peak
+try:
+    with open("/proc/self/status") as status:
+        peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) * 1024
+except OSError:  # not Linux: ru_maxrss (kB on Linux, bytes on macOS), with the caveat above
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss": peak,
+                  "check": report.get("validation", {}).get("failure") or "passed"}))
 """
 
 
@@ -137,10 +144,14 @@ def main() -> None:
     parser.add_argument("--output", default=None, help="Keep models and exports here [default: a temporary "
                         "folder, removed].")
     parser.add_argument("--no-write", action="store_true", help="Print the table; leave BENCHMARKS.md alone.")
+    parser.add_argument("--exports-only", action="store_true", help="Export again; the speed rows are those of the "
+                        "run that wrote --output's <kit>/results.json (after a change to export alone).")
     args = parser.parse_args()
     kits = [k.strip() for k in args.kits.split(",") if k.strip()]
     if unknown := set(kits) - set(KITS):
         parser.error(f"unknown kits {sorted(unknown)}; expected some of {KITS}")
+    if args.exports_only and not args.output:
+        parser.error("--exports-only reads the earlier run's results from --output")
     if not CHECKPOINTS.is_dir():
         parser.error(f"{CHECKPOINTS} is absent: it holds the checkpoints' configs and tokenizers")
 
@@ -154,47 +165,68 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     docs = read_documents("validation", args.docs, bundled=args.small)
     lines = [f"{args.docs} Debian validation documents, beam {args.beams}, {length} tokens forced, {args.threads} "
-             f"threads, {cpu()}; `python benchmarks/real_shapes.py --kits {','.join(kits)} --docs {args.docs}`"
-             + (" --small" if args.small else "") + f" ({time.strftime('%Y-%m-%d')}).", "",
+             f"threads, {cpu()}; `python benchmarks/real_shapes.py --kits {','.join(kits)} --docs {args.docs}"
+             + (f" --rounds {args.rounds}" if args.rounds != 1 else "") + (" --small" if args.small else "")
+             + (" --exports-only" if args.exports_only else "") + f"` ({time.strftime('%Y-%m-%d')}).", "",
              "| checkpoint (random weights) | what | time / latency | peak memory / docs/s | folder | check "
              "| vs CTranslate2 int8 (p50; docs/s) | outputs equal to PyTorch's |", "|---|---|---|---|---|---|---|---|"]
     for name in kits:
-        folder = work / name
-        folder.mkdir(exist_ok=True)
-        log(f"{name}: building")
-        info = build(name, folder / "model", args.small, args.seed)
-        data = folder / "docs.jsonl"
-        data.write_text("".join(json.dumps({"document": d}) + "\n" for d in docs[:4]))
-        exports = {}
-        for form, flag in (("fp32", None), ("int8", "int8")):
-            log(f"{name}: export {form}")
-            exports[form] = export(folder / "model", folder / f"export-{form}", data, flag)
-        notes: dict[str, str] = {}
-        source = min(args.max_source_length, 512)
-        systems = {"torch": torch_system(folder / "model", length, args.beams, source)[0]}
-        for form in ("fp32", "int8"):
-            if "error" in exports[form]:
-                notes[form] = "its export failed"
-            else:
-                systems[form] = runtime_system(folder / f"export-{form}", length, args.beams, source, args.threads)[0]
-        why = ct2_convert(folder / "model", folder / "ct2-int8")
-        if why is None and not (folder / "model" / "tokenizer.json").is_file():
-            shutil.copy(folder / "export-fp32" / "tokenizer.json", folder / "model" / "tokenizer.json")
-        if why is None:
-            systems["ct2-int8"] = ct2_system(folder / "ct2-int8", folder / "model", "int8", length, args.beams,
-                                             source, args.threads)[0]
-        else:
-            notes["ct2-int8"] = why
-        log(f"{name}: measuring {', '.join(systems)}")
-        results = measure(systems, docs, args.rounds, 16, log)
-        lines += rows_of(f"{name} ({info['parameters'] / 1e6:.0f} M)", info, exports, results, notes, len(docs))
-        (folder / "results.json").write_text(json.dumps({"info": info, "exports": exports, "results": results,
-                                                         "notes": notes}, indent=2))
-        if not args.output:
-            shutil.rmtree(folder)
+        lines += run_kit(name, args, work, docs, length, log)
     write = not args.no_write and not args.small
     publish("real_shapes", "Real checkpoint shapes: export, memory and speed",
             "\n".join(lines + (earlier_rows(kits) if write else [])), write=write)
+
+
+def run_kit(name: str, args: argparse.Namespace, work: Path, docs: list[str], length: int, log) -> list[str]:
+    """One checkpoint: build, export (float, --int8), measure; its table rows. With --exports-only the model and
+    the speed results are the earlier run's in --output."""
+    folder = work / name
+    folder.mkdir(exist_ok=True)
+    earlier = json.loads((folder / "results.json").read_text()) if args.exports_only else None
+    if earlier is None:
+        log(f"{name}: building")
+        info = build(name, folder / "model", args.small, args.seed)
+    else:
+        info = earlier["info"]
+    data = folder / "docs.jsonl"
+    data.write_text("".join(json.dumps({"document": d}) + "\n" for d in docs[:4]))
+    exports = {}
+    for form, flag in (("fp32", None), ("int8", "int8")):
+        log(f"{name}: export {form}")
+        exports[form] = export(folder / "model", folder / f"export-{form}", data, flag)
+    if earlier is None:
+        results, notes = measure_kit(name, folder, exports, args, docs, length, log)
+    else:
+        results, notes = earlier["results"], earlier["notes"]
+    (folder / "results.json").write_text(json.dumps({"info": info, "exports": exports, "results": results,
+                                                     "notes": notes}, indent=2))
+    rows = rows_of(f"{name} ({info['parameters'] / 1e6:.0f} M)", info, exports, results, notes, len(docs))
+    if not args.output:
+        shutil.rmtree(folder)
+    return rows
+
+
+def measure_kit(name: str, folder: Path, exports: dict, args: argparse.Namespace, docs: list[str], length: int,
+                log) -> tuple[dict, dict]:
+    """Batch-1 latency and batch-16 docs/s of PyTorch, the two exports and CTranslate2 int8; (results, notes)."""
+    notes: dict[str, str] = {}
+    source = min(args.max_source_length, 512)
+    systems = {"torch": torch_system(folder / "model", length, args.beams, source)[0]}
+    for form in ("fp32", "int8"):
+        if "error" in exports[form]:
+            notes[form] = "its export failed"
+        else:
+            systems[form] = runtime_system(folder / f"export-{form}", length, args.beams, source, args.threads)[0]
+    why = ct2_convert(folder / "model", folder / "ct2-int8")
+    if why is None and not (folder / "model" / "tokenizer.json").is_file():
+        shutil.copy(folder / "export-fp32" / "tokenizer.json", folder / "model" / "tokenizer.json")
+    if why is None:
+        systems["ct2-int8"] = ct2_system(folder / "ct2-int8", folder / "model", "int8", length, args.beams,
+                                         source, args.threads)[0]
+    else:
+        notes["ct2-int8"] = why
+    log(f"{name}: measuring {', '.join(systems)}")
+    return measure(systems, docs, args.rounds, 16, log), notes
 
 
 def earlier_rows(kits: list[str]) -> list[str]:

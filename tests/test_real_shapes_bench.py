@@ -39,3 +39,16 @@ def test_real_shapes_small_run_exports_measures_and_reports_memory(tmp_path, mon
     assert all(r["same"] == 2 for r in report["results"].values()), report["results"]
     out = capsys.readouterr().out
     assert "| export fp32 |" in out and "× the float model's" in out
+    # after a change to export alone: the exports again, the speed rows kept from the run before
+    (tmp_path / "google-t5--t5-small" / "export-fp32" / "encoder_model.onnx").unlink()
+    monkeypatch.setattr(sys, "argv", [str(BENCH), "--small", "--kits", "google-t5--t5-small", "--docs", "2",
+                                      "--no-write", "--output", str(tmp_path), "--exports-only"])
+    monkeypatch.setattr(real_shapes, "measure_kit", lambda *a: pytest.fail("--exports-only measured the speed"))
+    try:
+        real_shapes.main()
+    finally:
+        torch.set_num_threads(threads)
+    again = json.loads((tmp_path / "google-t5--t5-small" / "results.json").read_text())
+    assert again["results"] == report["results"] and again["exports"]["fp32"]["check"] == "passed"
+    assert (tmp_path / "google-t5--t5-small" / "export-fp32" / "encoder_model.onnx").is_file()
+    assert "--exports-only" in capsys.readouterr().out
