@@ -54,9 +54,9 @@ QUANTIZED_RTOL = 0.1
 # float rounding alone (another summation order) flips the values at near ties, and the flips grow layer by
 # layer. Small models hardly have near ties; a trained one has many: the Debian teacher's 8-8-8 model moved by
 # 15-22% of an output's RMS between onnxruntime and PyTorch with every product computed exactly in integers. So
-# the outputs of a quantized model are also compared with the same PyTorch model in float64 (`FloatTwin`: the
-# model's own arithmetic, other float rounding), and each output's bound is the larger of QUANTIZED_RTOL and
-# FLOAT_ROUNDING_FACTOR times the largest of those differences. The largest, not the output's own: flips are
+# the outputs of a quantized model are also compared with the same PyTorch model in float64 (its twin: `reference`
+# with `float_rounding`; the model's own arithmetic, other float rounding), and each output's bound is the larger
+# of QUANTIZED_RTOL and FLOAT_ROUNDING_FACTOR times the largest of those differences. The largest, not the output's own: flips are
 # rare events, and one run of the twin can flip none in a graph where the export flips a few (the 2-2-8 model:
 # its decoder's first step moved by 0 in float64 and by up to 12% in onnxruntime, while its encoder moved by 13%
 # in both). A broken graph is still at 1 or above.
