@@ -4,6 +4,7 @@ are measured by benchmarks/real_shapes.py on real-size shapes (BENCHMARKS.md), n
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import weakref
@@ -174,3 +175,74 @@ def test_a_graph_the_exporter_wrote_a_file_per_weight_becomes_one_data_file(tmp_
     monkeypatch.setattr(saving, "EXTERNAL_FROM", 2_000_000_000)
     saving.consolidate(path, [])  # nothing the exporter wrote: left as it is
     assert (tmp_path / "decoder_model.onnx_data").is_file()
+
+
+def _two_layers():
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))  # 49 kB
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_the_trace_writes_its_weights_itself_one_tensor_at_a_time(tmp_path, monkeypatch, staged):
+    """The exporter writes the graph without weights (its own protobuf and bytes held every weight at once, beside
+    the model); the weights it traced, constant folding's transposes among them, go to the data file one at a
+    time. Within `staged` the graph keeps that file; outside, or once finished, it is one file. Same outputs."""
+    import onnx
+    import onnxruntime as ort
+    import torch
+
+    from modelshrink.onnx import graphs, saving
+
+    written = {}
+    attach = saving.attach_weights
+
+    def watched(path, weights):
+        written["graph bytes"] = path.stat().st_size
+        written["weights"] = sorted(weights)
+        return attach(path, weights)
+
+    monkeypatch.setattr(graphs, "attach_weights", watched)
+    module, path = _two_layers(), tmp_path / "layers.onnx"
+    x = torch.randn(2, 3, 64)  # three dimensions: the exporter's MatMul takes the weight transposed (folded)
+    with saving.staged() if staged else contextlib.nullcontext():
+        graphs._trace(module, (x,), path, ["x"], ["y"], {"x": {0: "batch", 1: "length"}}, 17)
+        assert saving.data_file(path).is_file() == staged
+    assert written["graph bytes"] < 2048 and len(written["weights"]) == 4  # no weight went through the exporter
+    saving.finish_graph(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["layers.onnx"]
+    model = onnx.load(str(path))
+    assert [i.name for i in model.graph.input] == ["x"] and len(model.graph.initializer) == 4
+    assert "Transpose" not in {n.op_type for n in model.graph.node}  # folded, as the exporter folds them
+    with torch.no_grad():
+        expected = module(torch.ones(1, 5, 64)).numpy()
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": np.ones((1, 5, 64), dtype=np.float32)})[0]
+    assert np.allclose(got, expected, atol=1e-5)
+
+
+def test_without_the_exporters_graph_step_the_exporter_writes_the_weights(tmp_path, monkeypatch):
+    """Where torch's TorchScript exporter lacks the step the weights are kept from, the trace lets the exporter
+    write them, as before."""
+    import onnx
+    import torch
+    from torch.onnx._internal.torchscript_exporter import utils
+
+    from modelshrink.onnx import graphs
+
+    monkeypatch.setattr(utils, "_model_to_graph", None)
+    with graphs._weights_kept() as weights:
+        assert not weights.kept
+    monkeypatch.undo()
+
+    @contextlib.contextmanager
+    def not_kept():
+        yield graphs._Weights()
+
+    monkeypatch.setattr(graphs, "_weights_kept", not_kept)
+    monkeypatch.setattr(graphs, "attach_weights", None)  # never reached
+    module, path = _two_layers(), tmp_path / "layers.onnx"
+    graphs._trace(module, (torch.randn(2, 3, 64),), path, ["x"], ["y"], {"x": {0: "batch"}}, 17)
+    assert len(onnx.load(str(path)).graph.initializer) == 4 and sorted(p.name for p in tmp_path.iterdir()) == [
+        "layers.onnx"]

@@ -279,8 +279,7 @@ def fuse_cross_attention(path: Path, beams: int) -> dict[str, Any]:
     graph.initializer.extend(constants)
     entry = model.metadata_props.add()
     entry.key, entry.value = CROSS_BEAMS, str(beams)
-    onnx.checker.check_model(model)
-    save_graph(model, path)
+    save_graph(model, path, check=True)
     return {"cross_attention_layers": len(layers), "cross_attention_beams": beams}
 
 

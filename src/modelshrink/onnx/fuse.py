@@ -167,6 +167,5 @@ def fuse_decoder_with_past(path: Path) -> dict[str, int]:
               "shape_only_constants": _shape_only_constants(model.graph, consumers),
               "single_input_concats": _single_input_concats(model.graph)}
     if any(report.values()):
-        onnx.checker.check_model(model)
-        save_graph(model, path)
+        save_graph(model, path, check=True)
     return report

@@ -25,7 +25,7 @@ import torch
 
 from modelshrink.families import decoder_layer_count, hidden_size
 from modelshrink.onnx.positions import computed_positions
-from modelshrink.onnx.saving import consolidate
+from modelshrink.onnx.saving import attach_weights, consolidate
 from modelshrink.runtime.files import CLASSIFIER, DECODER, DECODER_WITH_PAST, ENCODER, SEARCH_OPS
 
 
@@ -109,11 +109,61 @@ def _trace(module: torch.nn.Module, args: tuple, path: Path, inputs: list[str], 
                         "Exporting aten::index operator of advanced indexing"):
             warnings.filterwarnings("ignore", message=message)
         before = set(path.parent.iterdir())
-        with _no_function_pass():
+        with _no_function_pass(), _weights_kept() as weights:
             torch.onnx.export(module, args, str(path), dynamo=False, opset_version=opset, input_names=inputs,
-                              output_names=outputs, dynamic_axes=axes, do_constant_folding=True)
+                              output_names=outputs, dynamic_axes=axes, do_constant_folding=True,
+                              export_params=not weights.kept)
+        if weights.kept:  # the graph was written without its weights: they go to its data file one at a time
+            attach_weights(path, weights.tensors)
+            weights.tensors.clear()
+            _check_inputs(path, inputs)
+            return
     # past 2 GB the exporter writes each weight to a file of its own beside the graph: one data file instead
     consolidate(path, sorted(set(path.parent.iterdir()) - before - {path}))
+
+
+def _check_inputs(path: Path, inputs: list[str]) -> None:
+    import onnx
+
+    left = [i.name for i in onnx.load(str(path), load_external_data=False).graph.input if i.name not in inputs]
+    if left:  # a weight the exporter named otherwise than its graph-building step did: a torch this code never saw
+        raise RuntimeError(f"the traced graph {path.name} has inputs that are neither {inputs} nor weights: {left}")
+
+
+class _Weights:
+    def __init__(self) -> None:
+        self.kept, self.tensors = False, {}
+
+
+@contextlib.contextmanager
+def _weights_kept() -> Iterator[_Weights]:
+    """The weights of the graph the TorchScript exporter is about to write (its own, constant folding's results
+    among them), kept from its graph-building step, so that the export writes the graph without them and
+    `saving.attach_weights` writes them to the data file one at a time: the exporter itself builds a protobuf
+    holding every weight and then its serialized bytes, which with the model beside them was the export's peak
+    (issue 78). Where torch no longer has that step under this name, `kept` is False and the export writes its
+    weights itself."""
+    weights = _Weights()
+    try:
+        from torch.onnx._internal.torchscript_exporter import utils
+    except ImportError:
+        yield weights
+        return
+    original = getattr(utils, "_model_to_graph", None)
+    if original is None:
+        yield weights
+        return
+
+    def keeping(*args: object, **kwargs: object) -> object:
+        graph, params, out = original(*args, **kwargs)
+        weights.tensors.update(params)
+        return graph, params, out
+
+    utils._model_to_graph, weights.kept = keeping, True
+    try:
+        yield weights
+    finally:
+        utils._model_to_graph = original
 
 
 @contextlib.contextmanager

@@ -117,14 +117,16 @@ def shorten_rounding(graph: Any, drop: bool = False) -> int:
     producers = {out: node for node in graph.node for out in node.output}
     constants = {node.output[0]: numpy_helper.to_array(next(a.t for a in node.attribute if a.name == "value"))
                  for node in graph.node if node.op_type == "Constant" and any(a.name == "value" for a in node.attribute)}
-    constants.update({init.name: numpy_helper.to_array(init) for init in graph.initializer})
+    initializers = {init.name: init for init in graph.initializer}  # only the clips' bounds are read
     tiny = "rounding_tiny"
     rewritten, new = 0, []
     for node in list(graph.node):
         found = straight_through(producers, node)
-        if found is None or len(found[1].input) < 3 or found[1].input[2] not in constants:
+        if found is None or len(found[1].input) < 3 or not ({found[1].input[2]} & (constants.keys() | initializers)):
             continue
         x, clip = found
+        if clip.input[2] not in constants:
+            constants[clip.input[2]] = numpy_helper.to_array(initializers[clip.input[2]])
         out, tag = node.output[0], node.output[0] + "_rounding"
         if drop:
             new.append((node, [helper.make_node("Identity", [x], [out], name=tag)]))

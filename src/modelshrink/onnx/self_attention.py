@@ -39,8 +39,6 @@ class _Graph:
     """Producers and consumers of every value of an onnx graph, and its constants."""
 
     def __init__(self, graph: Any):
-        from onnx import numpy_helper
-
         self.graph = graph
         self.producer = {o: n for n in graph.node for o in n.output}
         self.consumers: dict[str, list[Any]] = {}
@@ -49,7 +47,7 @@ class _Graph:
                 self.consumers.setdefault(name, []).append(node)
         self.inputs = {i.name for i in graph.input}
         self.outputs = {o.name for o in graph.output}
-        self.initializers = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+        self.initializers = {i.name: i for i in graph.initializer}  # read when asked: a copy of each is a graph
 
     def users(self, name: str) -> list[Any]:
         return self.consumers.get(name, [])
@@ -70,7 +68,7 @@ class _Graph:
         from onnx import numpy_helper
 
         if name in self.initializers:
-            return self.initializers[name]
+            return numpy_helper.to_array(self.initializers[name])
         node = self.producer.get(name)
         if node is not None and node.op_type == "Constant":
             value = next((a for a in node.attribute if a.name == "value"), None)
@@ -254,8 +252,7 @@ def fuse_self_attention(path: Path) -> dict[str, Any]:
     graph.input.append(helper.make_tensor_value_info(PAST_LENGTH, TensorProto.INT64, [1]))
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-    onnx.checker.check_model(model)
-    save_graph(model, path)
+    save_graph(model, path, check=True)
     return {"self_attention_layers": len(layers)}
 
 

@@ -35,7 +35,7 @@ from modelshrink.onnx.int8 import quantize_int8
 from modelshrink.onnx.kernels import KernelChoice
 from modelshrink.onnx.layout import apply_layout, check_layout
 from modelshrink.onnx.merge import merge_decoders, store_tied_once
-from modelshrink.onnx.saving import graph_bytes
+from modelshrink.onnx.saving import finish_graph, graph_bytes, staged
 from modelshrink.onnx.self_attention import fuse_self_attention
 from modelshrink.onnx.validate import (FLOAT_ATOL, INT4_RTOL, INT8_RTOL, QUANTIZED_RTOL, ExportCheckFailed, Reference,
                                        reference, validate)
@@ -240,13 +240,16 @@ def export_model(options: ExportOptions, output: str | Path, *, overwrite: bool 
     with writer:
         folder = writer.staging
         log(f"exporting {kind} {options.model} to ONNX (opset {options.opset})")
-        graphs = (export_seq2seq if kind == "seq2seq" else export_classifier)(model, folder, enc, options.opset)
-        beams = int(getattr(getattr(model, "generation_config", None), "num_beams", 1) or 1)
-        _write_companions(model, tokenizer, folder, kind)
-        expected = _reference(options, model, tokenizer, kind, texts, max_source_length, enc, quantized)
-        del model  # from here on the graphs, not the model, are in memory (validate.Reference)
-        gc.collect()
-        graphs, storage = _rewrite(folder, kind, graphs, options, quantized, log, beams)
+        with staged():  # every graph in the data-file form until finished (onnx/saving.py: memory)
+            graphs = (export_seq2seq if kind == "seq2seq" else export_classifier)(model, folder, enc, options.opset)
+            beams = int(getattr(getattr(model, "generation_config", None), "num_beams", 1) or 1)
+            _write_companions(model, tokenizer, folder, kind)
+            expected = _reference(options, model, tokenizer, kind, texts, max_source_length, enc, quantized)
+            del model  # from here on the graphs, not the model, are in memory (validate.Reference)
+            gc.collect()
+            graphs, storage = _rewrite(folder, kind, graphs, options, quantized, log, beams)
+        for name in graphs:
+            finish_graph(folder / name)
         weights = _weights(options, quantized, storage)
         graphs = apply_layout(folder, graphs, options.layout, weights)
         resolved = {"kind": kind, "graphs": graphs, "layout": options.layout, "max_source_length": max_source_length,
