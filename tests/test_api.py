@@ -43,7 +43,7 @@ def test_readme_from_python_runs_on_tiny_models(saved_models, tmp_path, monkeypa
     assert lines[1].startswith("[") and len(namespace["model"].summarize(["one document"])) == 1
     for name in ("labels", "student", "student-888", "eval-888", "student-onnx"):
         assert (tmp_path / name / "modelshrink.json").is_file(), name
-    assert namespace["metrics"]["rougeL"] == pytest.approx(float(re.search(r"ROUGE-L ([\d.]+)", lines[0])[1]), abs=0.01)
+    assert namespace["scores"]["rougeL"] == pytest.approx(float(re.search(r"ROUGE-L ([\d.]+)", lines[0])[1]), abs=0.01)
 
     # the second block prints the command's own one line, which its comment quotes
     printed = io.StringIO()
