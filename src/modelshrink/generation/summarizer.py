@@ -58,8 +58,17 @@ class Summarizer:
         self.recorder = AttentionRecorder(options.attention_stats, options.attention_plot, staging, self.tokenizer)
         self.truncated: list[str] = []  # ids of documents longer than --max-tokens
         self._scale = None  # per-document λ, inside temperature()
+        self.log = log or (lambda message: None)
         self.static = static_search(self.model, self.settings, self.lambdas, getattr(options, "generator", "auto"),
-                                    f"{role} {spec}", log or (lambda message: None))
+                                    f"{role} {spec}", self.log)
+        self.fallback: str | None = None  # why the static search gave way to generate mid-run (the manifest's)
+
+    @property
+    def generator(self) -> str:
+        """Who searched, as the manifest records it."""
+        if self.fallback is not None:
+            return f"static, then transformers ({self.fallback})"
+        return "static" if self.static is not None else "transformers"
 
     def batches(self, stream: Iterator[Any], log: Callable[[str], None]) -> Iterator[Any]:
         planned = shards.noting_truncation(plan_batches(stream, self.tokenizer, self.options.batch_size,
@@ -110,12 +119,51 @@ class Summarizer:
         try:
             if self.static is None:
                 return generate_ids(self.model, input_ids, mask, self.settings, seeds)
-            return self.static.generate_ids(input_ids, mask, row_lambdas)
+            return self._static_ids(input_ids, mask, row_lambdas)
         except torch.cuda.OutOfMemoryError:
             raise UserError(f"the GPU ran out of memory generating {input_ids.shape[0]} documents of "
                             f"{input_ids.shape[1]} tokens × {self.settings.num_beams} beams: lower "
                             f"{'--max-tokens' if self.options.max_tokens else '--batch-size'}"
                             + (" (or use --generator transformers)" if self.static is not None else "")) from None
+
+    def _static_ids(self, input_ids: Any, mask: Any, row_lambdas: list[float]) -> Any:
+        """The static search's ids for the batch. Out of memory in a shape: every shape released and the batch
+        retried once in two halves (still out of memory: the caller's one line). Any other failure (a capture or
+        replay error, an empty graph): one line naming it, and transformers' generate writes this batch and every
+        later one, so nothing is lost or written twice (issue 79)."""
+        import torch
+
+        try:
+            try:
+                return self.static.generate_ids(input_ids, mask, row_lambdas)
+            except torch.cuda.OutOfMemoryError:
+                if input_ids.shape[0] < 2:
+                    raise
+                self.static.release()
+                self.log(f"note: out of GPU memory in the static search's shape for {input_ids.shape[0]} documents: "
+                         "its shapes released, the batch retried in two halves")
+                half = (input_ids.shape[0] + 1) // 2
+                parts = [self.static.generate_ids(input_ids[rows], mask[rows], row_lambdas[rows])
+                         for rows in (slice(0, half), slice(half, None))]
+                return _stacked(parts, self.static.rules.pad_token_id or 0)
+        except (torch.cuda.OutOfMemoryError, UserError):
+            raise
+        except Exception as error:  # noqa: BLE001 - whatever the device did, generate can still write the batch
+            cause = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            self.fallback = cause.rstrip(": ")
+            self.log(f"warning: the static search failed ({self.fallback}); transformers' generate writes this batch "
+                     "and the rest of the run (--generator transformers skips the static search)")
+            self.static.release()
+            self.static = None
+            return generate_ids(self.model, input_ids, mask, self.settings, None)
+
+
+def _stacked(parts: list[Any], pad: int) -> Any:
+    """Id rows of two halves of a batch as one [batch, longest] tensor, the shorter padded as generate pads."""
+    import torch
+
+    longest = max(part.shape[1] for part in parts)
+    return torch.cat([torch.nn.functional.pad(part, (0, longest - part.shape[1]), value=pad) for part in parts])
 
 
 def static_search(model: Any, settings: Any, lambdas: dict[str, float | None], generator: str, what: str,

@@ -123,6 +123,7 @@ def _merged_metrics(staging: Path, launch: Any, total: int, generated: int, seco
         "summary_words_mean": round(words / total, 3),
         "empty_summaries": empty,
         "truncated_to_max_tokens": len(teacher.truncated),
+        "generator": teacher.generator,  # the search that wrote the labels (a fallback says why: issue 79)
     }
     attention = teacher.recorder.summary(attention_rows)
     if attention is not None:

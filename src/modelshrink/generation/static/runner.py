@@ -14,6 +14,7 @@ the caller prints it and uses transformers' generate.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import OrderedDict
@@ -42,6 +43,8 @@ def why_not(model: Any, settings: Any) -> str | None:
     """Why `model` with these settings cannot take the static search (None: it can)."""
     if settings.do_sample:
         return "sampling (--do-sample) is not written for it"
+    if settings.max_length is not None and settings.max_length <= 2:  # its warm-up steps would pass the cache's end
+        return f"max_length {settings.max_length} is one step at most, nothing a fixed-shape search gains on"
     reason = unsupported(model)
     if reason:
         return reason
@@ -141,6 +144,12 @@ class StaticSearch:
         self.shapes[key] = shape
         return shape
 
+    def release(self) -> None:
+        """Every shape's buffers and graphs let go (and, on a GPU, the cached memory returned)."""
+        self.shapes.clear()
+        if self.cuda:
+            torch.cuda.empty_cache()
+
     def _step(self, shape: Shape, written: int | None = None) -> None:
         """One decoder step and beam update. `written`: the positions the caches hold after it (an eager run on the
         CPU passes it, so the reorder moves only those; a captured graph cannot read it)."""
@@ -169,7 +178,11 @@ class StaticSearch:
 
     def _capture(self, shape: Shape) -> None:
         """Warm the step up on a side stream (it mutates the state; the caller starts the batch again after),
-        then record it."""
+        then record it, on the model's device (the caller holds `torch.cuda.device`: the capture's own stream is
+        the current device's). A graph that captured nothing (the step's kernels ran elsewhere) is an error: its
+        replays would write nothing."""
+        import warnings
+
         started = time.perf_counter()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -178,8 +191,12 @@ class StaticSearch:
                 self._step(shape)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self._step(shape)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.cuda.graph(graph, pool=self.pool):
+                self._step(shape)
+        if any("empty" in str(w.message).lower() for w in caught):
+            raise RuntimeError(f"the CUDA graph captured on {self.device} is empty (the step ran on another device)")
         torch.cuda.synchronize(self.device)
         shape.graph = graph
         self.warmup_seconds[(shape.documents, shape.source)] = time.perf_counter() - started
@@ -189,6 +206,11 @@ class StaticSearch:
                      row_lambdas: list[float] | None = None) -> torch.Tensor:
         """Token ids [batch, length] for one batch, as transformers' generate returns them (the encoder runs with
         whatever hooks the caller installed, e.g. per-document λ on the encoder's self attention)."""
+        with torch.cuda.device(self.device) if self.cuda else contextlib.nullcontext():
+            return self._search(input_ids, attention_mask, row_lambdas)
+
+    def _search(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                row_lambdas: list[float] | None) -> torch.Tensor:
         memory = self.model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         shape = self.shape_for(input_ids.shape[0], input_ids.shape[1])
         self._start(shape, memory, attention_mask, row_lambdas if self.per_document else None)

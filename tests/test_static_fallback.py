@@ -1,0 +1,165 @@
+"""The static search's failures, injected on the CPU (issue 79): a capture or replay error and an empty graph end in
+one line and the rows transformers' generate writes; out of memory in a shape retries the batch in two halves; every
+CUDA call of the search runs under the model's device."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import pytest
+import torch
+
+from conftest import read_rows
+from modelshrink.artifacts import read_manifest
+from modelshrink.generation.settings import resolve_generation
+from modelshrink.generation.static import StaticSearch, why_not
+from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
+
+FIXED = {"encoder_self": 1.0, "decoder_self": 1.0, "decoder_cross": 1.0}
+
+
+def _options(teacher, data, **kw):
+    return PseudolabelOptions(teacher=str(teacher), data=str(data), **{"batch_size": 5, "device": "cpu",
+                                                                        "num_beams": 2, "max_length": 10, **kw})
+
+
+def _plain(saved_models, docs_jsonl, tmp_path):
+    return read_rows(pseudolabel(_options(saved_models["bart"], docs_jsonl, generator="transformers"),
+                                 tmp_path / "plain"))
+
+
+@pytest.mark.parametrize("error", [RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore"),
+                                   RuntimeError("the CUDA graph captured on cuda:1 is empty (the step ran on another "
+                                                "device)")])
+def test_a_failing_static_search_gives_way_to_generate_in_one_line(monkeypatch, saved_models, docs_jsonl, tmp_path,
+                                                                    error):
+    """The batch that failed and every later one are written by generate: the same rows, none lost or twice."""
+    calls = []
+
+    def failing(self, input_ids, *args, **kwargs):
+        calls.append(input_ids.shape[0])
+        raise error
+
+    monkeypatch.setattr(StaticSearch, "generate_ids", failing)
+    lines: list[str] = []
+    out = pseudolabel(_options(saved_models["bart"], docs_jsonl, generator="static"), tmp_path / "static",
+                      log=lines.append)
+    assert len(calls) == 1  # given up after the first failure
+    assert read_rows(out) == _plain(saved_models, docs_jsonl, tmp_path)
+    first = str(error).splitlines()[0]
+    said = [line for line in lines if "static search failed" in line]
+    assert said == [f"warning: the static search failed (RuntimeError: {first}); transformers' generate writes this "
+                    "batch and the rest of the run (--generator transformers skips the static search)"]
+    metrics = read_manifest(out)["metrics"]
+    assert metrics["generator"] == f"static, then transformers (RuntimeError: {first})"
+
+
+def test_out_of_memory_in_a_shape_retries_the_batch_in_two_halves(monkeypatch, saved_models, docs_jsonl, tmp_path):
+    original, seen, released = StaticSearch.generate_ids, [], []
+
+    def tight(self, input_ids, *args, **kwargs):
+        seen.append(input_ids.shape[0])
+        if input_ids.shape[0] > 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return original(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(StaticSearch, "generate_ids", tight)
+    monkeypatch.setattr(StaticSearch, "release", lambda self: released.append(len(self.shapes)))
+    lines: list[str] = []
+    out = pseudolabel(_options(saved_models["bart"], docs_jsonl, generator="static"), tmp_path / "static",
+                      log=lines.append)
+    assert 5 in seen and seen[seen.index(5) + 1:seen.index(5) + 3] == [3, 2] and released
+    assert read_rows(out) == _plain(saved_models, docs_jsonl, tmp_path)
+    assert any("out of GPU memory in the static search's shape for 5 documents" in line for line in lines)
+    assert read_manifest(out)["metrics"]["generator"] == "static"
+
+
+def test_max_length_of_two_takes_generate():
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    model = BartForConditionalGeneration(BartConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1,
+                                                    encoder_attention_heads=2, decoder_attention_heads=2,
+                                                    encoder_ffn_dim=16, decoder_ffn_dim=16, max_position_embeddings=32))
+    settings = resolve_generation(model.generation_config, num_beams=2, max_length=2)
+    assert why_not(model, settings) == "max_length 2 is one step at most, nothing a fixed-shape search gains on"
+
+
+class _Recorder:
+    """torch.cuda's calls of the search, each with the device `torch.cuda.device` held when it was made."""
+
+    def __init__(self, monkeypatch, empty: bool = False):
+        self.current, self.calls, self.empty = None, [], empty
+        recorder = self
+
+        @contextlib.contextmanager
+        def device(which):
+            before, recorder.current = recorder.current, which
+            try:
+                yield
+            finally:
+                recorder.current = before
+
+        class Stream:
+            def __init__(self, *args, **kwargs):
+                recorder.note("Stream")
+
+            def wait_stream(self, other):
+                recorder.note("wait_stream")
+
+        class Graph:
+            def replay(self):
+                recorder.note("replay")
+
+        @contextlib.contextmanager
+        def graph(g, pool=None, **kwargs):
+            recorder.note("graph")
+            yield
+            if recorder.empty:
+                warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted to be "
+                              "captured on wrong device or stream.")
+
+        @contextlib.contextmanager
+        def stream(s):
+            recorder.note("stream")
+            yield
+
+        for name, value in {"device": device, "Stream": Stream, "CUDAGraph": Graph, "graph": graph, "stream": stream,
+                            "current_stream": lambda *a: Stream(), "synchronize": lambda *a: self.note("synchronize"),
+                            "empty_cache": lambda: self.note("empty_cache")}.items():
+            monkeypatch.setattr(torch.cuda, name, value)
+
+    def note(self, name):
+        self.calls.append((name, self.current))
+
+
+def _search_on_a_mocked_gpu(monkeypatch, empty=False):
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    torch.manual_seed(0)
+    model = BartForConditionalGeneration(BartConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1,
+                                                    encoder_attention_heads=2, decoder_attention_heads=2,
+                                                    encoder_ffn_dim=16, decoder_ffn_dim=16, max_position_embeddings=32))
+    model.eval()
+    search = StaticSearch(model, resolve_generation(model.generation_config, num_beams=2, max_length=6), FIXED)
+    recorder = _Recorder(monkeypatch, empty)
+    search.cuda = True  # the CUDA calls are the recorder's; the tensors stay on the CPU
+    return search, recorder
+
+
+def test_every_cuda_call_of_the_search_runs_under_the_models_device(monkeypatch):
+    """`--device cuda:1`: a capture on the current device (0) would hold none of the step's kernels."""
+    search, recorder = _search_on_a_mocked_gpu(monkeypatch)
+    ids = torch.tensor([[0, 5, 6, 7, 2], [0, 8, 9, 2, 1]])
+    search.generate_ids(ids, (ids != 1).long())
+    search.generate_ids(ids, (ids != 1).long())  # the second batch replays the captured shape
+    names = [name for name, _ in recorder.calls]
+    assert {"graph", "replay", "Stream", "synchronize"} <= set(names)
+    assert {device for _, device in recorder.calls} == {search.device}, recorder.calls
+
+
+def test_an_empty_capture_is_an_error_not_empty_summaries(monkeypatch):
+    search, _ = _search_on_a_mocked_gpu(monkeypatch, empty=True)
+    ids = torch.tensor([[0, 5, 6, 7, 2]])
+    with pytest.raises(RuntimeError, match="is empty"):
+        search.generate_ids(ids, torch.ones_like(ids))
