@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import re
 import shlex
 import typing
 from pathlib import Path
@@ -560,3 +561,20 @@ def test_every_option_that_goes_with_another_is_refused_alone_in_one_line(step):
             cls(**partner)
         except UserError as e:  # another rule may refuse the pair; not this one
             assert not str(e).startswith(f"{flag_of(fields[name])} goes with"), str(e)
+
+
+def test_the_family_table_is_the_one_list_of_seq2seq_model_types():
+    """Issue 79: which model types are BART-like, T5-like or bert2bert, and which normalise first, is said once, in
+    modelshrink.families; the static search and the LM head read it there. transformers.js's own list of what it
+    loads (onnx/layout.py) is that library's knowledge, not ours."""
+    from modelshrink.families import FAMILIES, PRE_NORM_TYPES, SEQ2SEQ_TYPES
+    from modelshrink.generation.static import decoders
+    from modelshrink.models import lm_head
+
+    assert set(SEQ2SEQ_TYPES) == {t for f in FAMILIES for t in f.model_types} and set(PRE_NORM_TYPES) <= set(SEQ2SEQ_TYPES)
+    assert decoders.SEQ2SEQ_TYPES is SEQ2SEQ_TYPES and lm_head.SEQ2SEQ_TYPES is SEQ2SEQ_TYPES
+    named = re.compile(r"""["'](%s)["']""" % "|".join(t for t in SEQ2SEQ_TYPES if t not in ("bart", "t5")))
+    elsewhere = [f"{path.relative_to(SRC)}:{n}" for path in sorted(SRC.rglob("*.py")) if path.name != "families.py"
+                 for n, line in enumerate(path.read_text().splitlines(), 1)
+                 if named.search(line) and "TRANSFORMERS_JS" not in line]
+    assert not elsewhere, elsewhere

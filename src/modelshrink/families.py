@@ -93,6 +93,15 @@ FAMILIES = (
 )
 # The halves an EncoderDecoderModel may have: models whose layers share BERT's module layout.
 ENCODER_DECODER_HALVES = ("bert", "roberta")
+# Every seq2seq model type a family adapts (the static search, the LM head's bypass and the export read these)
+SEQ2SEQ_TYPES = tuple(t for family in FAMILIES for t in family.model_types)
+# The BART family's layers that normalise before each block (BART's and Marian's normalise after it)
+PRE_NORM_TYPES = ("mbart", "pegasus", "m2m_100")
+
+
+def family_types(name: str) -> tuple[str, ...]:
+    """The model types of the family called `name` (bart, t5, bert2bert)."""
+    return next(family.model_types for family in FAMILIES if family.name == name)
 
 
 def supported_families() -> str:

@@ -23,8 +23,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-# Model types whose forward is read above; another one keeps its logits.
-MODEL_TYPES = ("bart", "mbart", "pegasus", "marian", "m2m_100", "t5", "mt5", "encoder-decoder")
+from modelshrink.families import SEQ2SEQ_TYPES  # the model types whose forward is read above
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ def find(model: nn.Module) -> Head | None:
     """The model's LM head, or None where logits = head(x) (+ constant) is not known to hold: a model type
     not read above, or a head that is not a plain nn.Linear or has hooks (a quantized student's, whose
     weight is parametrized and whose input is fake-quantized by a pre-hook)."""
-    if getattr(model.config, "model_type", None) not in MODEL_TYPES:
+    if getattr(model.config, "model_type", None) not in SEQ2SEQ_TYPES:
         return None
     linear = model.get_output_embeddings()
     if type(linear) is not nn.Linear or linear._forward_hooks or linear._forward_pre_hooks:

@@ -28,30 +28,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Layers that normalise before each block (the others, BART and Marian, after it).
-PRE_NORM = ("mbart", "pegasus", "m2m_100")
-BART_TYPES = ("bart", "mbart", "pegasus", "marian", "m2m_100")
-T5_TYPES = ("t5", "mt5")
-ENCODER_DECODER = "encoder-decoder"  # EncoderDecoderModel, with a decoder of BERT_HALVES
-BERT_HALVES = ("bert", "roberta")
-STATIC_TYPES = BART_TYPES + T5_TYPES + (ENCODER_DECODER,)
+from modelshrink.families import (ENCODER_DECODER_HALVES, ENCODER_DECODER_TYPE, PRE_NORM_TYPES, SEQ2SEQ_TYPES,
+                                  family_types)
+
+T5_TYPES = family_types("t5")  # the family table's (modelshrink.families), read by each layout below
 
 
 def unsupported(model: Any) -> str | None:
     """Why this model's decoder cannot run here (None: it can)."""
     model_type = model.config.model_type
-    if model_type not in STATIC_TYPES:
+    if model_type not in SEQ2SEQ_TYPES:
         return (f"{model_type} models are not written for it (BART, mBART, Pegasus, Marian, M2M100, T5, mT5 and "
                 "bert2bert are)")
     decoder = model.get_decoder()
-    if model_type == ENCODER_DECODER:
+    if model_type == ENCODER_DECODER_TYPE:
         half = decoder.config.model_type
-        if half not in BERT_HALVES:
+        if half not in ENCODER_DECODER_HALVES:
             return f"an EncoderDecoderModel with a {half} decoder is not written for it (BERT and RoBERTa are)"
         if getattr(decoder.config, "position_embedding_type", "absolute") != "absolute":
             return "its decoder's relative position embeddings are not written for it"
     layers = decoder.block if model_type in T5_TYPES else \
-        _bert_body(decoder).encoder.layer if model_type == ENCODER_DECODER else decoder.layers
+        _bert_body(decoder).encoder.layer if model_type == ENCODER_DECODER_TYPE else decoder.layers
     linears = [m for layer in layers for m in layer.modules() if isinstance(m, nn.Linear)]
     if any(type(m) is not nn.Linear or parametrized(m) for m in linears):
         return "its linear layers are quantized or replaced"
@@ -61,7 +58,7 @@ def unsupported(model: Any) -> str | None:
 def decoder_for(model: Any, max_length: int, pad_token: int) -> "BartDecoder | T5Decoder | BertDecoder":
     if model.config.model_type in T5_TYPES:
         return T5Decoder(model, max_length)
-    if model.config.model_type == ENCODER_DECODER:
+    if model.config.model_type == ENCODER_DECODER_TYPE:
         return BertDecoder(model, max_length, pad_token)
     return BartDecoder(model, max_length, pad_token)
 
@@ -167,7 +164,7 @@ class BartDecoder(Caches):
         self.model = model
         decoder = model.get_decoder()
         self.layers = list(decoder.layers)
-        self.pre_norm = model.config.model_type in PRE_NORM
+        self.pre_norm = model.config.model_type in PRE_NORM_TYPES
         self.embed = decoder.embed_tokens
         # Pegasus and Marian scale the embeddings in the decoder's forward, the others inside the embedding module
         self.embed_scale = float(getattr(decoder, "embed_scale", 1.0) or 1.0) \
