@@ -163,3 +163,52 @@ def test_an_empty_capture_is_an_error_not_empty_summaries(monkeypatch):
     ids = torch.tensor([[0, 5, 6, 7, 2]])
     with pytest.raises(RuntimeError, match="is empty"):
         search.generate_ids(ids, torch.ones_like(ids))
+
+
+def _on_a_gpu(monkeypatch, wrong_rows: int):
+    """`auto` as it runs on a GPU (the search's cuda flag set), its search replaced by generate with `wrong_rows`
+    of each batch's ids changed."""
+    import modelshrink.generation.summarizer as summarizer
+    from modelshrink.generation.settings import generate_ids
+
+    built, calls = summarizer.static_search, []
+
+    def on_gpu(model, settings, *args):
+        search = built(model, settings, *args)
+        if search is None:  # --generator transformers
+            return None
+
+        def searched(input_ids, attention_mask, row_lambdas=None):
+            calls.append(input_ids.shape[0])
+            ids = generate_ids(model, input_ids, attention_mask, settings, None).clone()
+            ids[:wrong_rows, 1] = (ids[:wrong_rows, 1] + 1) % search.vocab
+            return ids
+
+        search.cuda, search.generate_ids = True, searched
+        return search
+
+    monkeypatch.setattr(summarizer, "static_search", on_gpu)
+    return calls
+
+
+@pytest.mark.parametrize("wrong_rows", [0, 1])
+def test_auto_on_a_gpu_checks_its_first_batch_against_generate(monkeypatch, saved_models, docs_jsonl, tmp_path,
+                                                                wrong_rows):
+    """Equal ids on the first batch: the static search writes the run; one document different (float32): one line,
+    and generate writes every row, the first batch's too. The manifest records the check."""
+    calls = _on_a_gpu(monkeypatch, wrong_rows)
+    lines: list[str] = []
+    out = pseudolabel(_options(saved_models["bart"], docs_jsonl, generator="auto"), tmp_path / "auto",
+                      log=lines.append)
+    metrics = read_manifest(out)["metrics"]
+    check = metrics["static_search_check"]
+    assert check == {"documents": 5, "differing": wrong_rows, "allowed": 0, "dtype": "float32",
+                     "passed": not wrong_rows}
+    if wrong_rows:
+        assert calls == [5] and read_rows(out) == _plain(saved_models, docs_jsonl, tmp_path)
+        assert [line for line in lines if "first batch differed" in line] == [
+            "warning: the static search's first batch differed from transformers' generate on 1 of 5 documents "
+            "(float32; allowed: 0); generate writes the run (--generator static skips this check)"]
+        assert metrics["generator"].startswith("static, then transformers (its first batch differed")
+    else:
+        assert len(calls) > 1 and metrics["generator"] == "static"

@@ -139,6 +139,9 @@ def _summarize_with_model(options: EvalOptions, docs: list[Any], staging: Path, 
     extra: dict[str, Any] = {"generation": system.settings.as_dict(), "max_source_length": system.max_source_length,
                              "family": system.family.name, "dtype": options.dtype, "processes": launch.world,
                              "lambda_by_kind": system.lambdas}
+    extra["generator"] = system.generator  # the search that wrote the predictions (issue 79)
+    if system.check is not None:
+        extra["static_search_check"] = system.check
     if system.truncated:
         extra["truncated_to_max_tokens"] = len(system.truncated)
     attention = system.recorder.summary(rows)

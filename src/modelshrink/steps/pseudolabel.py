@@ -125,6 +125,8 @@ def _merged_metrics(staging: Path, launch: Any, total: int, generated: int, seco
         "truncated_to_max_tokens": len(teacher.truncated),
         "generator": teacher.generator,  # the search that wrote the labels (a fallback says why: issue 79)
     }
+    if teacher.check is not None:  # auto on a GPU: the first batch searched both ways
+        metrics["static_search_check"] = teacher.check
     attention = teacher.recorder.summary(attention_rows)
     if attention is not None:
         metrics["attention"] = attention
