@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python benchmarks/gpu_throughput.py --json gpu.json        # one H100 or H200: about 5 minutes
     PYTHONPATH=src python benchmarks/gpu_throughput.py --only distill,quantize  # some of pseudolabel, distill, quantize
+    PYTHONPATH=src python benchmarks/gpu_throughput.py --quick --json gpu.json  # within one 8-minute device call
     python benchmarks/gpu_throughput.py --publish gpu.json     # a run's tables (from its --json) into BENCHMARKS.md
     python benchmarks/gpu_throughput.py --tiny --device cpu --no-write --json /tmp/t.json   # tiny, on a CPU (the test)
 
@@ -66,6 +67,12 @@ from _report import cpu, publish
 from scale_out import bart_model, fresh_peak, peak_since
 
 PARTS = ("pseudolabel", "distill", "quantize")
+# What each part needs beyond torch, checked before anything runs (the device machines have torch, transformers,
+# accelerate and onnxruntime and no package index: a missing package is one line, not a traceback mid-run)
+REQUIRES = {"pseudolabel": ("transformers", "tokenizers", "safetensors"),
+            "distill": ("transformers", "tokenizers", "safetensors", "accelerate"),
+            "quantize": ("transformers", "tokenizers", "safetensors", "accelerate")}
+STEP_MODULES = {part: f"modelshrink.steps.{part}" for part in PARTS}
 STARTED = time.perf_counter()
 
 # Dense peaks from NVIDIA's datasheets, TFLOP/s: (a substring of torch.cuda.get_device_name, bf16 tensor cores,
@@ -703,6 +710,8 @@ def publish_from(path: Path) -> None:
 def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (with --tiny)")
+    parser.add_argument("--quick", action="store_true", help="a smaller run for one device call of at most 8 "
+                        "minutes: 200 documents at --max-tokens 16384, one round, 1 + 2 training steps, no compile")
     parser.add_argument("--tiny", action="store_true", help="a tiny BART, a few documents and steps: the code path on "
                                                             "a CPU; writes BENCHMARKS.md only with --write")
     parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {', '.join(PARTS)}")
@@ -732,12 +741,39 @@ def arguments() -> argparse.ArgumentParser:
     return parser
 
 
+def missing_packages(parts: list[str]) -> list[str]:
+    """The packages `parts` import that this Python lacks: those declared in REQUIRES, then whatever the steps'
+    own modules fail to import."""
+    import importlib
+    import importlib.util
+
+    missing = {name for part in parts for name in REQUIRES[part] if importlib.util.find_spec(name) is None}
+    for part in parts:
+        if not missing:
+            try:
+                importlib.import_module(STEP_MODULES[part])
+            except ModuleNotFoundError as error:
+                missing.add(error.name or str(error))
+    return sorted(missing)
+
+
+# --quick: one device call of at most 8 minutes, start-up and the model's build included, compilation left out
+QUICK = dict(rounds=1, docs=200, max_tokens="16384", steps=2, warmup_steps=1)
+
+
 def main() -> None:
     parser = arguments()
     args = parser.parse_args()
     if args.publish:
         return publish_from(Path(args.publish))
     tiny = args.tiny
+    if args.quick:
+        if tiny:
+            parser.error("--quick and --tiny are two sizes: give one")
+        args.no_compile = True
+        for key, value in QUICK.items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
     defaults = dict(rounds=1 if tiny else 2, docs=8 if tiny else 600, max_tokens="128,512" if tiny else "16384,65536",
                     length=8 if tiny else 64, max_source_length=64 if tiny else 256,
                     max_target_length=8 if tiny else 64, train_batch=4 if tiny else 205,
@@ -754,6 +790,12 @@ def main() -> None:
         parser.error(f"--max-tokens takes comma-separated integers, got {args.max_tokens!r}")
     if min(args.rounds, args.docs, args.steps, args.warmup_steps, args.train_batch, args.quantize_batch) < 1:
         parser.error("--rounds, --docs, --steps, --warmup-steps, --train-batch and --quantize-batch must be ≥ 1")
+    missing = missing_packages(parts)
+    if missing:
+        hint = ("PYTHONPATH=src, or pip install -e ." if "modelshrink" in missing
+                else f"pip install {' '.join(missing)} (without a package index: carry their wheels)")
+        sys.exit(f"Error: {', '.join(parts)} need{'s' if len(parts) == 1 else ''} {', '.join(missing)}, which "
+                 f"this Python does not have: {hint}")
     if args.device.startswith("cuda"):
         if not torch.cuda.is_available():
             sys.exit("Error: --device cuda: torch sees no GPU here (add --tiny --device cpu to check the code path)")

@@ -68,3 +68,21 @@ def test_gpu_throughput_tiny_run_measures_every_setting(tmp_path):
     tables = [line for line in done.stdout.splitlines() if line.startswith("|")]
     assert len(tables) == 3 * 2 + len(expected) + 4 + 3  # a header and a rule a table, then its rows
     assert "pseudolabel round 1" in done.stderr and "done in" in done.stderr  # timestamped progress
+
+
+def test_a_missing_package_is_one_line_before_anything_runs():
+    """Issue 79: without accelerate the training parts stop at once, naming it, instead of failing mid-run."""
+    hide = ("import runpy, sys; sys.modules['accelerate'] = None; "
+            f"sys.argv = [{str(BENCH)!r}, '--tiny', '--device', 'cpu', '--no-write', '--only', 'pseudolabel,distill']; "
+            f"runpy.run_path({str(BENCH)!r}, run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, env=ENV, timeout=120,
+                          cwd=BENCH.parent)
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+        "Error: pseudolabel, distill need accelerate, which this Python does not have: pip install accelerate "
+        "(without a package index: carry their wheels)"], done.stderr[-2000:]
+
+
+def test_quick_is_one_size_not_two():
+    done = subprocess.run([sys.executable, str(BENCH), "--quick", "--tiny"], capture_output=True, text=True, env=ENV,
+                          timeout=120)
+    assert done.returncode == 2 and "--quick and --tiny are two sizes: give one" in done.stderr
