@@ -212,3 +212,21 @@ def test_auto_on_a_gpu_checks_its_first_batch_against_generate(monkeypatch, save
         assert metrics["generator"].startswith("static, then transformers (its first batch differed")
     else:
         assert len(calls) > 1 and metrics["generator"] == "static"
+
+
+def test_a_new_shape_is_built_only_where_its_bytes_are_free(monkeypatch):
+    """Memory by bytes: a shape's bytes are known before it is built (equal to what its buffers take, beside its
+    step's activations), and on a GPU the least recently used shapes are released until the device has them free."""
+    search, recorder = _search_on_a_mocked_gpu(monkeypatch)
+    one = search.shape_bytes(1, 32)
+    free = {"bytes": int(2.2 * one)}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 10 * one))
+    shape = search.shape_for(1, 5)
+    buffers = sum(t.numel() * t.element_size() for t in shape.buffers.values())
+    rows = search.rules.num_beams
+    assert one == buffers + 4 * rows * search.vocab * 4
+    free["bytes"] -= one  # what the first shape took
+    search.shape_for(1, 40)  # a second source length: 1.2 shapes free < 1.5 needed, the first is released
+    assert list(search.shapes) == [(1, 64)] and search.memory["released_for_memory"] == 1
+    assert search.memory["shapes_built"] == 2 and search.memory["largest_shape_bytes"] == search.shape_bytes(1, 64)
+    assert ("empty_cache", None) in recorder.calls

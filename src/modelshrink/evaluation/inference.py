@@ -142,6 +142,8 @@ def _summarize_with_model(options: EvalOptions, docs: list[Any], staging: Path, 
     extra["generator"] = system.generator  # the search that wrote the predictions (issue 79)
     if system.check is not None:
         extra["static_search_check"] = system.check
+    if system.static_memory is not None:
+        extra["static_search_memory"] = system.static_memory
     if system.truncated:
         extra["truncated_to_max_tokens"] = len(system.truncated)
     attention = system.recorder.summary(rows)

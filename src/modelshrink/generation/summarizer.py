@@ -66,10 +66,17 @@ class Summarizer:
         self.static = static_search(self.model, self.settings, self.lambdas, getattr(options, "generator", "auto"),
                                     f"{role} {spec}", self.log)
         self.fallback: str | None = None  # why the static search gave way to generate mid-run (the manifest's)
+        self._built = self.static  # kept after a fallback, for what its shapes took
         # auto on a GPU checks the static search against generate on its first batch (the manifest's record of it)
         self.check: dict[str, Any] | None = None
         self._check_first = (getattr(options, "generator", "auto") == "auto" and self.static is not None
                              and self.static.cuda)
+
+    @property
+    def static_memory(self) -> dict[str, int] | None:
+        """What the static search's shapes took (StaticSearch.memory), where it built any."""
+        built = self._built
+        return dict(built.memory) if built is not None and built.memory["shapes_built"] else None
 
     @property
     def generator(self) -> str:

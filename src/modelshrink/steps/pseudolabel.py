@@ -127,6 +127,8 @@ def _merged_metrics(staging: Path, launch: Any, total: int, generated: int, seco
     }
     if teacher.check is not None:  # auto on a GPU: the first batch searched both ways
         metrics["static_search_check"] = teacher.check
+    if teacher.static_memory is not None:  # the shapes' bytes, computed before each was built
+        metrics["static_search_memory"] = teacher.static_memory
     attention = teacher.recorder.summary(attention_rows)
     if attention is not None:
         metrics["attention"] = attention

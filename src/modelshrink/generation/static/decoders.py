@@ -104,10 +104,10 @@ class Caches:
     embed: nn.Module
     dtype: torch.dtype
 
-    def allocate(self, rows: int, documents: int, source: int) -> dict[str, torch.Tensor]:
+    def allocate(self, rows: int, documents: int, source: int, device: Any = None) -> dict[str, torch.Tensor]:
         """Self-attention caches for `rows`, cross-attention keys/values and mask for `documents` of `source`
-        tokens."""
-        device, dtype = self.embed.weight.device, self.dtype
+        tokens (on the model's device; `device="meta"` sizes them without memory: `buffer_bytes`)."""
+        device, dtype = device or self.embed.weight.device, self.dtype
         self_shape = (len(self.layers), rows, self.heads, self.max_length, self.head_dim)
         cross_shape = (len(self.layers), documents, self.heads, source, self.head_dim)
         return {
@@ -117,6 +117,10 @@ class Caches:
             "cross_v": torch.zeros(cross_shape, device=device, dtype=dtype),
             "source_mask": torch.zeros(documents, 1, 1, source, device=device, dtype=torch.bool),
         }
+
+    def buffer_bytes(self, rows: int, documents: int, source: int) -> int:
+        """The bytes `allocate` takes for these sizes, computed before allocating."""
+        return sum(t.numel() * t.element_size() for t in self.allocate(rows, documents, source, "meta").values())
 
     def _fill_source(self, buffers: dict[str, torch.Tensor], memory: torch.Tensor, mask: torch.Tensor,
                      projections: list[tuple[nn.Linear, nn.Linear]]) -> None:
@@ -261,9 +265,10 @@ class T5Decoder(Caches):
         self.dtype = self.embed.weight.dtype
         self.layers = self.blocks  # the caches' depth
 
-    def allocate(self, rows: int, documents: int, source: int) -> dict[str, torch.Tensor]:
-        buffers = super().allocate(rows, documents, source)
-        buffers["bias"] = torch.zeros(1, self.heads, self.max_length, self.max_length, device=self.embed.weight.device,
+    def allocate(self, rows: int, documents: int, source: int, device: Any = None) -> dict[str, torch.Tensor]:
+        buffers = super().allocate(rows, documents, source, device)
+        buffers["bias"] = torch.zeros(1, self.heads, self.max_length, self.max_length,
+                                      device=device or self.embed.weight.device,
                                       dtype=self.dtype)
         return buffers
 

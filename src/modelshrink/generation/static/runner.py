@@ -29,6 +29,10 @@ from modelshrink.generation.static.decoders import decoder_for, unsupported
 CHECK_EVERY = 8  # steps between two reads of the stop flag on a GPU
 SOURCE_STEP = 32  # source lengths are rounded up to a multiple of this
 MAX_SHAPES = 24  # shapes kept (buffers and graphs); the least recently used goes first
+# On a GPU a new shape is built only where the device has its bytes free, this many times over (the captured
+# step's own activations come from the graph pool beside the buffers): shapes least recently used are released
+# until it does, so memory is bounded by bytes, not by the count alone (issue 79)
+FREE_MARGIN = 1.5
 
 # generation_config fields whose processors the static search does not implement, with the value that
 # means "off"
@@ -122,6 +126,23 @@ class StaticSearch:
         self.shapes: OrderedDict[tuple[int, int], Shape] = OrderedDict()
         self.pool = torch.cuda.graph_pool_handle() if self.cuda else None
         self.warmup_seconds: dict[tuple[int, int], float] = {}
+        # what the shapes took: their count, the largest one's bytes (buffers and step activations, computed
+        # before allocating) and the shapes released to make room (the manifest's static_search_memory)
+        self.memory = {"shapes_built": 0, "largest_shape_bytes": 0, "released_for_memory": 0}
+
+    def shape_bytes(self, documents: int, source: int) -> int:
+        """A shape's bytes before it is built: its caches and buffers, and the step's logits-sized activations
+        (scores, log-probabilities and their top-k: about four [rows, vocabulary] float32 tensors)."""
+        rows = documents * self.rules.num_beams
+        return self.decoder.buffer_bytes(rows, documents, source) + 4 * rows * self.vocab * 4
+
+    def _make_room(self, needed: int) -> None:
+        """Release shapes, least recently used first, until the device has `needed` bytes free FREE_MARGIN times
+        over (or none is left)."""
+        while self.shapes and torch.cuda.mem_get_info(self.device)[0] < FREE_MARGIN * needed:
+            self.shapes.popitem(last=False)
+            torch.cuda.empty_cache()
+            self.memory["released_for_memory"] += 1
 
     def shape_for(self, documents: int, source: int) -> Shape:
         key = (ladder(documents), SOURCE_STEP * math.ceil(source / SOURCE_STEP))
@@ -131,6 +152,11 @@ class StaticSearch:
             return shape
         while len(self.shapes) >= MAX_SHAPES:
             self.shapes.popitem(last=False)
+        needed = self.shape_bytes(*key)
+        if self.cuda:
+            self._make_room(needed)
+        self.memory["shapes_built"] += 1
+        self.memory["largest_shape_bytes"] = max(self.memory["largest_shape_bytes"], needed)
         rows = key[0] * self.rules.num_beams
         state_type = BeamState if self.rules.num_beams > 1 else GreedyState
         state = state_type(self.rules, key[0], self.vocab, self.device)
