@@ -14,6 +14,7 @@ from conftest import read_rows
 from modelshrink.artifacts import read_manifest
 from modelshrink.generation.settings import resolve_generation
 from modelshrink.generation.static import StaticSearch, why_not
+from modelshrink.generation.static.runner import length_buckets
 from modelshrink.steps.pseudolabel import PseudolabelOptions, pseudolabel
 
 FIXED = {"encoder_self": 1.0, "decoder_self": 1.0, "decoder_cross": 1.0}
@@ -144,6 +145,7 @@ def _search_on_a_mocked_gpu(monkeypatch, empty=False):
     search = StaticSearch(model, resolve_generation(model.generation_config, num_beams=2, max_length=6), FIXED)
     recorder = _Recorder(monkeypatch, empty)
     search.cuda = True  # the CUDA calls are the recorder's; the tensors stay on the CPU
+    search.buckets = length_buckets(6, smallest=2)  # a graph for each of 2, 4 and 6 cache positions
     return search, recorder
 
 
@@ -154,7 +156,7 @@ def test_every_cuda_call_of_the_search_runs_under_the_models_device(monkeypatch)
     search.generate_ids(ids, (ids != 1).long())
     search.generate_ids(ids, (ids != 1).long())  # the second batch replays the captured shape
     names = [name for name, _ in recorder.calls]
-    assert {"graph", "replay", "Stream", "synchronize"} <= set(names)
+    assert {"graph", "replay", "Stream", "synchronize"} <= set(names) and names.count("graph") == 3  # one a bucket
     assert {device for _, device in recorder.calls} == {search.device}, recorder.calls
 
 

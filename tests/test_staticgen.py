@@ -397,3 +397,26 @@ def test_a_real_pretrained_bert2bert_gets_the_ids_generate_gives(tmp_path):
     expected = generate_ids(model, enc["input_ids"], enc["attention_mask"], s)
     got = StaticSearch(model, s, FIXED).generate_ids(enc["input_ids"], enc["attention_mask"])
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("family", ["bart", "t5", "bert2bert"])
+def test_steps_reading_length_buckets_give_generates_ids(family):
+    """A GPU's steps read the smallest length bucket holding what was written (one captured graph each; issue 79:
+    the cost follows the tokens written, not max_length); run eagerly here with buckets of 4, 8, 16 and 20 the
+    ids are still generate's, and the bucket ladder is what the GPU takes."""
+    from modelshrink.generation.static.runner import bucket_for, length_buckets
+
+    assert length_buckets(142) == [16, 32, 64, 128, 142] and length_buckets(10) == [10]
+    assert [bucket_for(n, [16, 32, 40]) for n in (1, 16, 17, 33, 40)] == [16, 16, 32, 40, 40]
+    model, tok = _model(family, None)
+    s = resolve_generation(model.generation_config, num_beams=3, max_length=20, min_length=12)
+    enc = tok(DOCUMENTS[:4], return_tensors="pt", padding=True)
+    expected = generate_ids(model, enc["input_ids"], enc["attention_mask"], s)
+    search = StaticSearch(model, s, FIXED)
+    search.buckets = length_buckets(20, smallest=4)
+    read = []
+    step = search.decoder.step
+    search.decoder.step = lambda *args, **kwargs: read.append(args[-1]) or step(*args, **kwargs)
+    got = search.generate_ids(enc["input_ids"], enc["attention_mask"])
+    assert torch.equal(got, expected)
+    assert read[:5] == [4, 4, 4, 4, 8] and set(read) <= {4, 8, 16, 20}

@@ -135,10 +135,15 @@ class Caches:
         buffers["self_k"].zero_()
         buffers["self_v"].zero_()
 
+    def caches(self, buffers: dict[str, torch.Tensor], i: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i's self-attention keys and values, their first `length` positions (views: a write reaches the
+        cache)."""
+        return buffers["self_k"][i][:, :, :length], buffers["self_v"][i][:, :, :length]
+
     def reorder(self, buffers: dict[str, torch.Tensor], rows: torch.Tensor, written: int | None = None) -> None:
-        """The self-attention caches follow their beams: row r takes row `rows[r]`'s keys and values. `written`
-        (eager runs only, where the host knows it): only the first `written` positions hold anything yet, so only
-        they move; a captured graph moves the whole cache (fixed shapes, no host read)."""
+        """The self-attention caches follow their beams: row r takes row `rows[r]`'s keys and values. `written`:
+        only the first `written` positions move (what the step read: those written, or its length bucket), so the
+        traffic follows the summary's length, not max_length; None moves the whole cache."""
         for name in ("self_k", "self_v"):
             cache = buffers[name] if written is None else buffers[name][:, :, :, :written]
             cache.copy_(cache.index_select(1, rows))
@@ -192,9 +197,12 @@ class BartDecoder(Caches):
                                                   for layer in self.layers])
 
     def step(self, buffers: dict[str, torch.Tensor], tokens: torch.Tensor, position: torch.Tensor,
-             self_scale: torch.Tensor | None = None, cross_scale: torch.Tensor | None = None) -> torch.Tensor:
+             self_scale: torch.Tensor | None = None, cross_scale: torch.Tensor | None = None,
+             length: int | None = None) -> torch.Tensor:
         """Logits [rows, vocab] of the next token after `tokens` [rows] at `position` (a 1-element device tensor);
-        writes the step's keys and values into the caches. `*_scale`: per-row query scales (per-document λ)."""
+        writes the step's keys and values into the caches. `*_scale`: per-row query scales (per-document λ).
+        `length`: the cache positions the step reads (more than `position`; all of them by default): the written
+        ones, or a bucket above them, so that attention costs what was written, not the longest summary."""
         rows = tokens.shape[0]
         documents = buffers["cross_k"].shape[1]
         beams = rows // documents
@@ -204,11 +212,12 @@ class BartDecoder(Caches):
         hidden = hidden + self.positions.index_select(0, position)[None]
         if self.norm_embedding is not None:
             hidden = self.norm_embedding(hidden)
-        filled = (torch.arange(self.max_length, device=tokens.device) <= position)[None, None, None, :]
+        length = length or self.max_length
+        filled = (torch.arange(length, device=tokens.device) <= position)[None, None, None, :]
         for i, layer in enumerate(self.layers):
             hidden = self._block(layer.self_attn_layer_norm, hidden,
                                  lambda x: self._self_attention(layer.self_attn, x, buffers, i, position, filled,
-                                                                self_scale))
+                                                                self_scale, length))
             hidden = self._block(layer.encoder_attn_layer_norm, hidden,
                                  lambda x: self._cross_attention(layer.encoder_attn, x, buffers, i, documents, beams,
                                                                  cross_scale))
@@ -227,13 +236,14 @@ class BartDecoder(Caches):
         return norm(hidden + inner(hidden))
 
     def _self_attention(self, attention: nn.Module, x: torch.Tensor, buffers: dict[str, torch.Tensor], i: int,
-                        position: torch.Tensor, filled: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+                        position: torch.Tensor, filled: torch.Tensor, scale: torch.Tensor | None,
+                        length: int) -> torch.Tensor:
         rows = x.shape[0]
         split = (rows, 1, self.heads, self.head_dim)
         query = self._query(_linear(attention.q_proj, x), scale).view(split).transpose(1, 2)
         key = _linear(attention.k_proj, x).view(split).transpose(1, 2)
         value = _linear(attention.v_proj, x).view(split).transpose(1, 2)
-        keys, values = buffers["self_k"][i], buffers["self_v"][i]
+        keys, values = self.caches(buffers, i, length)
         keys.index_copy_(2, position, key)
         values.index_copy_(2, position, value)
         out = F.scaled_dot_product_attention(query, keys, values, attn_mask=filled, scale=self.scaling)
@@ -281,13 +291,15 @@ class T5Decoder(Caches):
         buffers["bias"].copy_(bias)
 
     def step(self, buffers: dict[str, torch.Tensor], tokens: torch.Tensor, position: torch.Tensor,
-             self_scale: torch.Tensor | None = None, cross_scale: torch.Tensor | None = None) -> torch.Tensor:
+             self_scale: torch.Tensor | None = None, cross_scale: torch.Tensor | None = None,
+             length: int | None = None) -> torch.Tensor:
         rows = tokens.shape[0]
         documents = buffers["cross_k"].shape[1]
         beams = rows // documents
         hidden = self.embed(tokens)[:, None, :]
-        filled = (torch.arange(self.max_length, device=tokens.device) <= position)[None, None, None, :]
-        bias = buffers["bias"].index_select(2, position)  # [1, heads, 1, max_length]
+        length = length or self.max_length
+        filled = (torch.arange(length, device=tokens.device) <= position)[None, None, None, :]
+        bias = buffers["bias"].index_select(2, position)[..., :length]  # [1, heads, 1, length]
         if self_scale is not None:  # per-document λ scales the bias with the query (plate's row-scaled bias)
             bias = (bias.float() * self_scale.view(-1, 1, 1, 1)).to(bias.dtype)
         bias = bias.masked_fill(~filled, torch.finfo(bias.dtype).min)
@@ -295,7 +307,7 @@ class T5Decoder(Caches):
             self_attention, cross_attention, feed_forward = block.layer[0], block.layer[1], block.layer[2]
             hidden = self._clamp(hidden + self._self_attention(self_attention.SelfAttention,
                                                                self_attention.layer_norm(hidden), buffers, i, position,
-                                                               bias, self_scale))
+                                                               bias, self_scale, length))
             hidden = self._clamp(hidden + self._cross_attention(cross_attention.EncDecAttention,
                                                                 cross_attention.layer_norm(hidden), buffers, i,
                                                                 documents, beams, cross_scale))
@@ -315,11 +327,12 @@ class T5Decoder(Caches):
         return torch.clamp(hidden, min=-limit, max=limit)
 
     def _self_attention(self, attention: nn.Module, x: torch.Tensor, buffers: dict[str, torch.Tensor], i: int,
-                        position: torch.Tensor, bias: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+                        position: torch.Tensor, bias: torch.Tensor, scale: torch.Tensor | None,
+                        length: int) -> torch.Tensor:
         rows = x.shape[0]
         split = (rows, 1, self.heads, self.head_dim)
         query = self._query(_linear(attention.q, x), scale).view(split).transpose(1, 2)
-        keys, values = buffers["self_k"][i], buffers["self_v"][i]
+        keys, values = self.caches(buffers, i, length)
         keys.index_copy_(2, position, _linear(attention.k, x).view(split).transpose(1, 2))
         values.index_copy_(2, position, _linear(attention.v, x).view(split).transpose(1, 2))
         out = F.scaled_dot_product_attention(query, keys, values, attn_mask=bias.to(query.dtype), scale=1.0)
@@ -390,7 +403,8 @@ class BertDecoder(Caches):
                                                   for layer in self.layers])
 
     def step(self, buffers: dict[str, torch.Tensor], tokens: torch.Tensor, position: torch.Tensor,
-             self_scale: torch.Tensor | None = None, cross_scale: torch.Tensor | None = None) -> torch.Tensor:
+             self_scale: torch.Tensor | None = None, cross_scale: torch.Tensor | None = None,
+             length: int | None = None) -> torch.Tensor:
         rows = tokens.shape[0]
         documents = buffers["cross_k"].shape[1]
         beams = rows // documents
@@ -398,12 +412,13 @@ class BertDecoder(Caches):
         if self.pad_position is not None:
             positions = torch.where((tokens == self.pad_token)[:, None, None], self.pad_position, positions)
         hidden = self.norm_embedding(self.embed(tokens)[:, None, :] + positions)
-        filled = (torch.arange(self.max_length, device=tokens.device) <= position)[None, None, None, :]
+        length = length or self.max_length
+        filled = (torch.arange(length, device=tokens.device) <= position)[None, None, None, :]
         split = (rows, 1, self.heads, self.head_dim)
         for i, layer in enumerate(self.layers):
             attention, out = layer.attention.self, layer.attention.output
             query = self._query(_linear(attention.query, hidden), self_scale).view(split).transpose(1, 2)
-            keys, values = buffers["self_k"][i], buffers["self_v"][i]
+            keys, values = self.caches(buffers, i, length)
             keys.index_copy_(2, position, _linear(attention.key, hidden).view(split).transpose(1, 2))
             values.index_copy_(2, position, _linear(attention.value, hidden).view(split).transpose(1, 2))
             read = F.scaled_dot_product_attention(query, keys, values, attn_mask=filled, scale=self.scaling)

@@ -18,7 +18,7 @@ import contextlib
 import math
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ from modelshrink.generation.static.decoders import decoder_for, unsupported
 CHECK_EVERY = 8  # steps between two reads of the stop flag on a GPU
 SOURCE_STEP = 32  # source lengths are rounded up to a multiple of this
 MAX_SHAPES = 24  # shapes kept (buffers and graphs); the least recently used goes first
+SMALLEST_BUCKET = 16  # cache positions the first steps read on a GPU (length_buckets)
 # On a GPU a new shape is built only where the device has its bytes free, this many times over (the captured
 # step's own activations come from the graph pool beside the buffers): shapes least recently used are released
 # until it does, so memory is bounded by bytes, not by the count alone (issue 79)
@@ -90,6 +91,21 @@ def rules_of(model: Any, settings: Any) -> Rules:
                  output_temperature=settings.output_temperature)
 
 
+def length_buckets(max_length: int, smallest: int = SMALLEST_BUCKET) -> list[int]:
+    """The cache lengths a step reads on a GPU, one captured graph each: smallest, twice that, ... below max_length,
+    then max_length. A step reads the smallest bucket that holds what was written, so attention and the beams'
+    cache reorder cost about the tokens written, not the longest summary allowed (issue 79)."""
+    buckets, size = [], smallest
+    while size < max_length:
+        buckets.append(size)
+        size *= 2
+    return [*buckets, max_length]
+
+
+def bucket_for(written: int, buckets: list[int]) -> int:
+    return next(size for size in buckets if size >= written)
+
+
 def ladder(n: int) -> int:
     """The smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, … that is >= n."""
     if n <= 2:
@@ -106,7 +122,7 @@ class Shape:
     state: Any
     self_scale: torch.Tensor | None
     cross_scale: torch.Tensor | None
-    graph: Any = None
+    graphs: dict[int, Any] = field(default_factory=dict)  # a captured step for each length bucket
 
 
 class StaticSearch:
@@ -125,6 +141,8 @@ class StaticSearch:
         self.per_document = {kind for kind, lam in lambdas.items() if lam is None}
         self.shapes: OrderedDict[tuple[int, int], Shape] = OrderedDict()
         self.pool = torch.cuda.graph_pool_handle() if self.cuda else None
+        # the cache lengths steps read: on a GPU a few buckets, one graph each; eagerly, what was written
+        self.buckets = length_buckets(self.rules.max_length) if self.cuda else None
         self.warmup_seconds: dict[tuple[int, int], float] = {}
         # what the shapes took: their count, the largest one's bytes (buffers and step activations, computed
         # before allocating) and the shapes released to make room (the manifest's static_search_memory)
@@ -176,14 +194,19 @@ class StaticSearch:
         if self.cuda:
             torch.cuda.empty_cache()
 
-    def _step(self, shape: Shape, written: int | None = None) -> None:
-        """One decoder step and beam update. `written`: the positions the caches hold after it (an eager run on the
-        CPU passes it, so the reorder moves only those; a captured graph cannot read it)."""
+    def _length(self, written: int) -> int:
+        """The cache positions a step reads once `written` are: those, or on a GPU their bucket."""
+        return written if self.buckets is None else bucket_for(written, self.buckets)
+
+    def _step(self, shape: Shape, length: int | None = None) -> None:
+        """One decoder step and beam update, reading and reordering the caches' first `length` positions (at least
+        those written after it; None: all of them)."""
         state = shape.state
-        logits = self.decoder.step(shape.buffers, state.tokens, state.length - 1, shape.self_scale, shape.cross_scale)
+        logits = self.decoder.step(shape.buffers, state.tokens, state.length - 1, shape.self_scale, shape.cross_scale,
+                                   length)
         state.update(logits)
         if state.reorder_rows is not None:
-            self.decoder.reorder(shape.buffers, state.reorder_rows, written)
+            self.decoder.reorder(shape.buffers, state.reorder_rows, length)
 
     def _start(self, shape: Shape, memory: torch.Tensor, mask: torch.Tensor, row_lambdas: list[float] | None) -> None:
         documents = memory.shape[0]
@@ -203,28 +226,32 @@ class StaticSearch:
                     buffer.copy_(scales)
 
     def _capture(self, shape: Shape) -> None:
-        """Warm the step up on a side stream (it mutates the state; the caller starts the batch again after),
-        then record it, on the model's device (the caller holds `torch.cuda.device`: the capture's own stream is
-        the current device's). A graph that captured nothing (the step's kernels ran elsewhere) is an error: its
-        replays would write nothing."""
+        """For each length bucket: warm the step up on a side stream (it mutates the state, reset before each
+        bucket; the caller starts the batch again after), then record it, on the model's device (the caller holds
+        `torch.cuda.device`: the capture's own stream is the current device's). A graph that captured nothing (the
+        step's kernels ran elsewhere) is an error: its replays would write nothing."""
         import warnings
 
         started = time.perf_counter()
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._step(shape)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with torch.cuda.graph(graph, pool=self.pool):
-                self._step(shape)
-        if any("empty" in str(w.message).lower() for w in caught):
-            raise RuntimeError(f"the CUDA graph captured on {self.device} is empty (the step ran on another device)")
+        for length in self.buckets:
+            shape.state.reset(shape.documents)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._step(shape, length)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            shape.state.reset(shape.documents)
+            graph = torch.cuda.CUDAGraph()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with torch.cuda.graph(graph, pool=self.pool):
+                    self._step(shape, length)
+            if any("empty" in str(w.message).lower() for w in caught):
+                raise RuntimeError(f"the CUDA graph captured on {self.device} is empty (the step ran on another "
+                                   "device)")
+            shape.graphs[length] = graph
         torch.cuda.synchronize(self.device)
-        shape.graph = graph
         self.warmup_seconds[(shape.documents, shape.source)] = time.perf_counter() - started
 
     @torch.inference_mode()
@@ -240,14 +267,15 @@ class StaticSearch:
         memory = self.model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         shape = self.shape_for(input_ids.shape[0], input_ids.shape[1])
         self._start(shape, memory, attention_mask, row_lambdas if self.per_document else None)
-        if self.cuda and shape.graph is None:
+        if self.cuda and not shape.graphs:
             self._capture(shape)
             self._start(shape, memory, attention_mask, row_lambdas if self.per_document else None)
         for step in range(self.rules.max_length - 1):
-            if shape.graph is not None:
-                shape.graph.replay()
+            length = self._length(step + 1)
+            if length in shape.graphs:
+                shape.graphs[length].replay()
             else:
-                self._step(shape, None if self.cuda else step + 1)
+                self._step(shape, length)
             if (not self.cuda or (step + 1) % CHECK_EVERY == 0) and not bool(shape.state.go_on):
                 break
         return shape.state.result()
